@@ -1,0 +1,79 @@
+"""The paper's models (Sec. 6.1) as pure Flax Linen modules, used as `model.apply(params, x)`.
+
+Inputs are NHWC float32 images; every model flattens what it needs itself, so any model can be paired
+with any dataset whose images it accepts.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+def _conv_block(x: jnp.ndarray, features: int) -> jnp.ndarray:
+  """5x5 SAME convolution, ReLU, 2x2 max-pool: the block both paper CNNs are built from."""
+  x = nn.relu(nn.Conv(features, (5, 5), padding="SAME")(x))
+  return nn.max_pool(x, (2, 2), strides=(2, 2))
+
+
+class MnistCNN(nn.Module):
+  """MNIST CNN: conv5x5-32, pool, conv5x5-64, pool, dense 512, dense `num_classes` (1.66M params)."""
+
+  num_classes: int = 10
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    x = _conv_block(x, 32)
+    x = _conv_block(x, 64)
+    x = x.reshape((x.shape[0], -1))
+    x = nn.relu(nn.Dense(512)(x))
+    return nn.Dense(self.num_classes)(x)
+
+
+class Linear(nn.Module):
+  """The FMNIST model: one dense layer from the flattened image to the logits, bias initialised to 0."""
+
+  num_classes: int = 10
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    x = x.reshape((x.shape[0], -1))
+    return nn.Dense(self.num_classes, bias_init=nn.initializers.zeros)(x)
+
+
+class CifarCNN(nn.Module):
+  """CIFAR CNN: conv5x5-64, pool, conv5x5-64, pool, dense 384, dense 192, dense `num_classes`."""
+
+  num_classes: int = 10
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    x = _conv_block(x, 64)
+    x = _conv_block(x, 64)
+    x = x.reshape((x.shape[0], -1))
+    x = nn.relu(nn.Dense(384)(x))
+    x = nn.relu(nn.Dense(192)(x))
+    return nn.Dense(self.num_classes)(x)
+
+
+class TinyMLP(nn.Module):
+  """A two-layer MLP (hidden 16) for fast tests and hand checks; not a paper model."""
+
+  num_classes: int = 10
+  hidden: int = 16
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    x = x.reshape((x.shape[0], -1))
+    x = nn.relu(nn.Dense(self.hidden)(x))
+    return nn.Dense(self.num_classes)(x)
+
+
+MODELS = {"mnist_cnn": MnistCNN, "linear": Linear, "cifar_cnn": CifarCNN, "tiny_mlp": TinyMLP}
+
+
+def get_model(name: str, num_classes: int) -> nn.Module:
+  """The model called `name` (one of `MODELS`) with `num_classes` outputs."""
+  if name not in MODELS:
+    raise ValueError(f"model.name={name!r} is not a known model; allowed: {sorted(MODELS)}")
+  return MODELS[name](num_classes=num_classes)
