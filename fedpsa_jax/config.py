@@ -1,0 +1,221 @@
+"""The run config: every field with its meaning, and validation before any work starts.
+
+`base_config()` is the single place where fields are defined; config files under `configs/` start
+from it and change values. Each strategy adds its own section (`config.<method>`) through its
+`default_config()`, so a new algorithm brings its hyperparameters with it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import ml_collections
+
+from fedpsa_jax import strategies
+from fedpsa_jax.data.calibration import CALIBRATION_KINDS
+from fedpsa_jax.data.partition import PARTITIONERS
+from fedpsa_jax.data.sources import DATASETS, TEST_SPLITS
+from fedpsa_jax.models import MODELS
+
+UNITS_PER_DAY = 86_400  # FLGo's virtual day, in atomic time units
+LATENCY_DISTRIBUTIONS = ("uniform", "long_tail")
+LATENCY_RESAMPLING = ("fixed", "per_dispatch")
+LOCAL_LOOPS = ("auto", "unrolled", "rolled")
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """All fields with their defaults (the paper's Sec. 6.1 values where the paper gives one)."""
+  strategies.load_all()
+  c = ml_collections.ConfigDict()
+  c.method = "fedpsa"  # the strategy: one of fedpsa_jax.strategies.registered()
+  c.seed = 0  # the run seed; every random stream is derived from it by purpose (seeding.py)
+  c.stop_on_nan = True  # stop the run with status 'diverged' when the model or loss becomes NaN/Inf
+
+  c.data = ml_collections.ConfigDict()
+  c.data.name = "mnist_5k"  # mnist | fashion_mnist | cifar10 | cifar100 (tfds) | mnist_5k | synthetic
+  c.data.test_split = "holdout"  # holdout: stratified share of the pooled data (the paper); official
+  c.data.holdout_fraction = 0.1  # share of each class held out as the test set when test_split=holdout
+  c.data.data_dir = ml_collections.FieldReference(None, field_type=str)  # tfds data_dir (None: default)
+
+  c.partition = ml_collections.ConfigDict()
+  c.partition.method = "dirichlet_flgo"  # dirichlet_flgo (the paper's, via FLGo) | dirichlet | iid
+  c.partition.alpha = 0.1  # Dirichlet concentration α (smaller: more heterogeneous)
+  c.partition.num_clients = 50  # N
+
+  c.model = ml_collections.ConfigDict()
+  c.model.name = "mnist_cnn"  # mnist_cnn | linear | cifar_cnn | tiny_mlp
+
+  c.local = ml_collections.ConfigDict()
+  c.local.epochs = 5  # E local epochs, each of ceil(n_i / batch_size) SGD steps
+  c.local.batch_size = 64  # B; the last partial batch of an epoch is kept (masked), not dropped
+  c.local.lr = 0.01  # initial client learning rate
+  c.local.lr_decay = 0.999  # lr_r = lr * lr_decay**r, r the global round at dispatch
+  c.local.loop = "auto"  # unrolled: chunks of unrolled steps (fast on CPU); rolled: one fori_loop (GPU)
+  c.local.max_unroll = 16  # unrolled loop: at most this many steps per compiled chunk
+
+  c.sim = ml_collections.ConfigDict()
+  c.sim.virtual_days = 10.0  # the virtual-time budget in days (86,400 units each)
+  c.sim.concurrency = 0.2  # share of clients in flight at once: C = max(1, int(N * concurrency))
+  c.sim.latency = ml_collections.ConfigDict()
+  c.sim.latency.distribution = "uniform"  # uniform: integers on [low, high]; long_tail: bounded Pareto
+  c.sim.latency.low = 10  # shortest response time (units)
+  c.sim.latency.high = 500  # longest response time (units)
+  c.sim.latency.shape = 1.0  # long_tail only: Pareto shape a (larger: more mass near `low`)
+  c.sim.latency.resample = "fixed"  # fixed: one time per client for the run; per_dispatch: redrawn
+
+  c.sensitivity = ml_collections.ConfigDict()
+  c.sensitivity.calibration = "gaussian"  # the shared batch D_b: gaussian (synthetic) | real (train data)
+  c.sensitivity.calibration_size = 32  # |D_b|
+  c.sensitivity.sketch_dim = 16  # k, rows of the random projection R (Eq. 11)
+  c.sensitivity.chunk_size = 32  # per-sample gradients are computed this many samples at a time
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.every_days = 0.01  # evaluate the global model every this many virtual days (and at 0, end)
+  c.eval.every_round = False  # also evaluate after every round (costly; for fine-grained curves)
+  c.eval.batch_size = 1000  # test-set batch size of evaluation
+
+  c.output = ml_collections.ConfigDict()
+  c.output.events = False  # write events.jsonl: one line per received update
+  c.output.progress = True  # show a progress bar over virtual days
+
+  for name, cls in sorted(strategies.registered().items()):
+    c[name] = cls.default_config()
+  return c
+
+
+def eval_every_units(config: ml_collections.ConfigDict) -> int:
+  return max(1, int(round(config.eval.every_days * UNITS_PER_DAY)))
+
+
+def budget_units(config: ml_collections.ConfigDict) -> int:
+  return int(round(config.sim.virtual_days * UNITS_PER_DAY))
+
+
+def concurrency(config: ml_collections.ConfigDict) -> int:
+  """C = max(1, int(N * concurrency)), the number of clients in flight."""
+  return max(1, int(config.partition.num_clients * config.sim.concurrency))
+
+
+def _is_number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def config_errors(c: ml_collections.ConfigDict) -> list[str]:
+  """Every problem of a config, each naming the field, the value and what is allowed."""
+  strategies.load_all()
+  errors: list[str] = []
+
+  def check(ok: bool, field: str, allowed: str) -> None:
+    if not ok:
+      value = c
+      for part in field.split("."):
+        value = value.get(part) if isinstance(value, ml_collections.ConfigDict) else None
+      errors.append(f"{field}={value!r} is invalid; allowed: {allowed}")
+
+  def one_of(field: str, options) -> None:
+    value = c
+    for part in field.split("."):
+      value = value.get(part)
+    check(value in options, field, ", ".join(map(str, sorted(options))))
+
+  methods = strategies.registered()
+  one_of("method", methods)
+  check(_is_int(c.seed), "seed", "an integer")
+  one_of("data.name", DATASETS)
+  one_of("data.test_split", TEST_SPLITS)
+  check(
+      c.data.test_split != "official" or c.data.name not in ("mnist_5k", "synthetic"),
+      "data.test_split",
+      "holdout for the embedded datasets (they have no official test split)",
+  )
+  check(_is_number(c.data.holdout_fraction) and 0 < c.data.holdout_fraction < 1,
+        "data.holdout_fraction", "a number in (0, 1)")
+  one_of("partition.method", PARTITIONERS)
+  check(_is_number(c.partition.alpha) and c.partition.alpha > 0, "partition.alpha", "a number > 0")
+  check(_is_int(c.partition.num_clients) and c.partition.num_clients >= 1,
+        "partition.num_clients", "an integer >= 1")
+  one_of("model.name", MODELS)
+  check(_is_int(c.local.epochs) and c.local.epochs >= 1, "local.epochs", "an integer >= 1")
+  check(_is_int(c.local.batch_size) and c.local.batch_size >= 1, "local.batch_size", "an integer >= 1")
+  check(_is_number(c.local.lr) and c.local.lr > 0, "local.lr", "a number > 0")
+  check(_is_number(c.local.lr_decay) and 0 < c.local.lr_decay <= 1, "local.lr_decay", "a number in (0, 1]")
+  one_of("local.loop", LOCAL_LOOPS)
+  check(_is_int(c.local.max_unroll) and c.local.max_unroll >= 1, "local.max_unroll", "an integer >= 1")
+  check(_is_number(c.sim.virtual_days) and c.sim.virtual_days > 0, "sim.virtual_days", "a number > 0")
+  check(_is_number(c.sim.concurrency) and 0 < c.sim.concurrency <= 1, "sim.concurrency",
+        "a number in (0, 1]")
+  lat = c.sim.latency
+  one_of("sim.latency.distribution", LATENCY_DISTRIBUTIONS)
+  one_of("sim.latency.resample", LATENCY_RESAMPLING)
+  check(_is_int(lat.low) and lat.low >= 1, "sim.latency.low", "an integer >= 1")
+  check(_is_int(lat.high) and _is_int(lat.low) and lat.high >= lat.low, "sim.latency.high",
+        f"an integer >= sim.latency.low ({lat.low!r})")
+  check(_is_number(lat.shape) and lat.shape > 0, "sim.latency.shape", "a number > 0")
+  s = c.sensitivity
+  one_of("sensitivity.calibration", CALIBRATION_KINDS)
+  check(_is_int(s.calibration_size) and s.calibration_size >= 1, "sensitivity.calibration_size",
+        "an integer >= 1")
+  check(_is_int(s.sketch_dim) and s.sketch_dim >= 1, "sensitivity.sketch_dim", "an integer >= 1")
+  check(_is_int(s.chunk_size) and s.chunk_size >= 1, "sensitivity.chunk_size", "an integer >= 1")
+  check(_is_number(c.eval.every_days) and c.eval.every_days > 0, "eval.every_days", "a number > 0")
+  check(_is_int(c.eval.batch_size) and c.eval.batch_size >= 1, "eval.batch_size", "an integer >= 1")
+  if c.method in methods:
+    errors += methods[c.method].validate_config(c)
+  if c.data.data_dir is not None and not os.path.isdir(c.data.data_dir):
+    errors.append(f"data.data_dir={c.data.data_dir!r} is not a directory; allowed: an existing "
+                  "directory holding prepared tfds datasets, or None for tfds' default")
+  return errors
+
+
+def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Raises one ValueError listing every bad field (field, value, allowed values); returns `c`."""
+  errors = config_errors(c)
+  if errors:
+    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+  return c
+
+
+# Short names accepted in a config file's `:arg` string, beside any dotted field path.
+OVERRIDE_ALIASES = {"dataset": "data.name", "alpha": "partition.alpha", "model": "model.name",
+                    "num_clients": "partition.num_clients", "virtual_days": "sim.virtual_days",
+                    "concurrency": "sim.concurrency"}
+
+
+def parse_overrides(arg: str | None) -> dict[str, object]:
+  """`'method=fedbuff,alpha=0.5'` -> {'method': 'fedbuff', 'partition.alpha': 0.5} (Python literals
+  are parsed, anything else stays a string)."""
+  import ast
+
+  out: dict[str, object] = {}
+  for item in filter(None, (arg or "").split(",")):
+    if "=" not in item:
+      raise ValueError(f"config argument {item!r} is invalid; allowed: key=value pairs separated by commas")
+    key, raw = (s.strip() for s in item.split("=", 1))
+    try:
+      value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+      value = raw
+    out[OVERRIDE_ALIASES.get(key, key)] = value
+  return out
+
+
+def apply_overrides(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
+  """Sets each `key=value` of `arg` on `c`; an unknown field is an error naming it."""
+  for path, value in parse_overrides(arg).items():
+    node = c
+    *parents, leaf = path.split(".")
+    for part in parents:
+      if part not in node:
+        raise ValueError(f"config field {path!r} does not exist")
+      node = node[part]
+    if leaf not in node:
+      raise ValueError(f"config field {path!r} does not exist")
+    if isinstance(node[leaf], float) and isinstance(value, int) and not isinstance(value, bool):
+      value = float(value)
+    node[leaf] = value
+  return c

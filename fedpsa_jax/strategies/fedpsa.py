@@ -1,0 +1,161 @@
+"""FedPSA (Algorithm 1): behavioral staleness from parameter-sensitivity sketches, temperature-scaled.
+
+Client (after local training, at the *trained* parameters θ): the Eq. 8 sensitivity
+s = |g ⊙ θ − ½ F ⊙ θ²| on the shared calibration batch D_b (g: mean gradient, F: empirical Fisher
+diagonal from per-sample gradients, Eq. 6), sketched as s̃ = R s with one R ∈ R^{k×d}, entries
+N(0, 1/k), for the whole run (Eq. 11). It sends (Δ, s̃).
+
+Server, per arrival: κ = cos(s̃_i, s̃_g) (Eq. 12), s̃_g the sketch of the current global model
+(computed once per round, cached in the state); (Δ, κ) enters the buffer; m = ||Δ||² (Eq. 16) enters
+the thermometer queue Q of length L_q (oldest dropped). M0 = mean(Q) when Q first fills;
+Temp = (M_cur / M0) γ + δ (Eqs. 17-18). When the buffer holds at least L_s updates:
+weights = softmax(κ / Temp) (Eq. 19) — uniform 1/|buffer| while Q has never been full — and
+w ← w + Σ weight_i Δ_i (Eq. 20); the buffer is cleared.
+
+Ablations (the paper's Table 6):
+- `no_temperature`: no thermometer; Temp is fixed at γ + δ and softmax weighting applies from the first
+  flush (there is no queue whose filling could switch it on).
+- `no_sensitivity`: κ from sketches of the raw parameters (R θ) instead of their sensitivities.
+Arrivals of one event time enter the buffer together (so a flush may hold more than L_s, as in FLGo's
+FedBuff on which FedPSA builds).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from fedpsa_jax import seeding, sensitivity
+from fedpsa_jax.strategies.base import Arrival, Strategy, register, squared_norm
+from fedpsa_jax.strategies.fedbuff import apply_weighted, buffer_size_errors
+
+Params = Any
+
+
+@flax.struct.dataclass
+class FedPSAState:
+  params: Params
+  global_sketch: jax.Array  # s̃_g of the current global model (Eq. 11), refreshed after each round
+  queue: jax.Array  # [L_q] ring buffer of recent ||Δ||² (Eq. 16)
+  m0: jax.Array  # M0: the queue's mean when it first filled (0 before)
+  temperature: jax.Array  # the latest Temp (Eq. 18)
+  deltas: tuple = ()  # buffered Δ_i
+  kappas: tuple = ()  # buffered κ_i (device scalars)
+  queue_count: int = flax.struct.field(pytree_node=False, default=0)  # pushes so far (host)
+  last_kappas: jax.Array | None = None  # κ of the last flush (diagnostics)
+  last_weights: jax.Array | None = None  # weights of the last flush (diagnostics)
+
+
+def temperature(queue: jax.Array, m0: jax.Array, gamma: float, delta: float) -> jax.Array:
+  """Eqs. 17-18: Temp = (M_cur / M0) γ + δ with M_cur the mean of the (full) queue."""
+  return jnp.mean(queue) / m0 * gamma + delta
+
+
+def flush_weights(kappas: jax.Array, temp: jax.Array, use_softmax: bool) -> jax.Array:
+  """Eq. 19: softmax(κ / Temp) over the buffer, or uniform weights before the thermometer is ready."""
+  if not use_softmax:
+    return jnp.full(kappas.shape, 1.0 / kappas.shape[0], jnp.float32)
+  return jax.nn.softmax(kappas / temp)
+
+
+@jax.jit
+def _observe(queue, position, delta, client_sketch, global_sketch):
+  """Per arrival: κ (Eq. 12) and the queue with ||Δ||² written at `position` (Eq. 16)."""
+  kappa = sensitivity.cosine_similarity(client_sketch, global_sketch)
+  m = squared_norm(delta)
+  return kappa, m, queue.at[position].set(m)
+
+
+@register("fedpsa")
+class FedPSA(Strategy):
+
+  @classmethod
+  def default_config(cls) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.buffer_size = 5  # L_s: flush when the buffer holds at least this many updates
+    c.queue_length = 50  # L_q: length of the training thermometer's queue
+    c.gamma = 5.0  # γ of Temp = (M_cur / M0) γ + δ
+    c.delta = 0.5  # δ of the same
+    c.no_temperature = False  # ablation "w/o T": Temp fixed at γ + δ
+    c.no_sensitivity = False  # ablation "w/o S": κ from sketches of raw parameters
+    return c
+
+  @classmethod
+  def validate_config(cls, config: ml_collections.ConfigDict) -> list[str]:
+    c = config.fedpsa
+    errors = buffer_size_errors(config, "fedpsa")
+    if not (isinstance(c.queue_length, int) and c.queue_length >= 1):
+      errors.append(f"fedpsa.queue_length={c.queue_length!r} is invalid; allowed: an integer >= 1")
+    for field in ("gamma", "delta"):
+      if not (isinstance(c[field], (int, float)) and c[field] >= 0):
+        errors.append(f"fedpsa.{field}={c[field]!r} is invalid; allowed: a number >= 0")
+    if isinstance(c.gamma, (int, float)) and isinstance(c.delta, (int, float)) and c.gamma + c.delta <= 0:
+      errors.append(f"fedpsa.delta={c.delta!r} is invalid; allowed: gamma + delta > 0 (Temp must be positive)")
+    return errors
+
+  def __init__(self, config, ctx):
+    super().__init__(config, ctx)
+    s = config.sensitivity
+    calib_x, calib_y = ctx.calibration_batch()
+    self._calibration = (calib_x, calib_y)
+    self._sketch_dim = s.sketch_dim
+    self._projection_key = seeding.device_key(config.seed, "fedpsa/projection")
+    self._chunk_size = s.chunk_size
+    self._sketch_fn = None  # built at init, when the parameter count is known
+
+  def init(self, params: Params) -> FedPSAState:
+    d = sensitivity.num_params(params)
+    R = sensitivity.projection_matrix(self._projection_key, self._sketch_dim, d)
+    self._sketch_fn = sensitivity.make_sketch_fn(
+        self.ctx.apply_fn, *self._calibration, R, chunk_size=self._chunk_size,
+        use_sensitivity=not self.hparams.no_sensitivity)
+    q = self.hparams.queue_length
+    return FedPSAState(params=params, global_sketch=self._sketch_fn(params), queue=jnp.zeros((q,), jnp.float32),
+                       m0=jnp.float32(0.0), temperature=jnp.float32(self.hparams.gamma + self.hparams.delta))
+
+  def client_finish(self, params_start: Params, params_end: Params) -> jax.Array:
+    """The client's sketch s̃_i = R s(θ_i) at its trained parameters (Algorithm 1, lines 9-10)."""
+    del params_start
+    return self._sketch_fn(params_end)
+
+  def receive(self, state: FedPSAState, arrivals: Sequence[Arrival]) -> tuple[FedPSAState, bool]:
+    h = self.hparams
+    queue, m0, count, kappas = state.queue, state.m0, state.queue_count, state.kappas
+    temp = state.temperature
+    for a in arrivals:
+      kappa, _, queue = _observe(queue, count % h.queue_length, a.delta, a.payload, state.global_sketch)
+      kappas += (kappa,)
+      count += 1
+      if count == h.queue_length:
+        m0 = jnp.mean(queue)  # Algorithm 1 line 20: M0 fixed at the first fill
+      if count >= h.queue_length and not h.no_temperature:
+        temp = temperature(queue, m0, h.gamma, h.delta)
+    deltas = state.deltas + tuple(a.delta for a in arrivals)
+    state = state.replace(queue=queue, m0=m0, queue_count=count, kappas=kappas, deltas=deltas, temperature=temp)
+    if len(deltas) < h.buffer_size:
+      return state, False
+    use_softmax = h.no_temperature or count >= h.queue_length
+    kappa_vec = jnp.stack(kappas)
+    weights = flush_weights(kappa_vec, temp, use_softmax)
+    params = apply_weighted(state.params, deltas, weights)
+    return state.replace(params=params, global_sketch=self._sketch_fn(params), deltas=(), kappas=(),
+                         last_kappas=kappa_vec, last_weights=weights), True
+
+  def diagnostics(self, state: FedPSAState) -> dict[str, Any]:
+    out = {"temperature": float(state.temperature), "thermometer_ready": state.queue_count >= self.hparams.queue_length}
+    if state.last_weights is not None:
+      kappas, weights = jax.device_get((state.last_kappas, state.last_weights))
+      out.update(kappa=[float(k) for k in kappas], weights=[float(w) for w in weights])
+    return out
+
+  def event_records(self, state: FedPSAState, arrivals: Sequence[Arrival]) -> list[dict[str, float]]:
+    # The κ of this receive's arrivals are the last len(arrivals) entries pushed: in the buffer, or
+    # in last_kappas if the receive ended in a flush.
+    pushed = state.kappas if state.kappas else tuple(state.last_kappas)
+    kappas = [float(k) for k in jax.device_get(pushed[len(pushed) - len(arrivals):])]
+    norms = jax.device_get([squared_norm(a.delta) for a in arrivals])
+    return [{"kappa": k, "delta_sq_norm": float(m)} for k, m in zip(kappas, norms)]
