@@ -203,8 +203,8 @@ class Simulation:
     self.history.append(record)
     if self.rundir:
       self.rundir.append("metrics.jsonl", [record])
-    self.progress.update(round(record["day"] - self.progress.n, 6))
     self.progress.set_postfix(acc=f"{record['test_accuracy']:.4f}", round=self.round, refresh=False)
+    self.progress.update(round(record["day"] - self.progress.n, 6))
     if self.config.stop_on_nan and not (math.isfinite(record["test_loss"]) and metrics.tree_is_finite(params)):
       self.status = "diverged"
 

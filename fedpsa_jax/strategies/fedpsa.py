@@ -52,7 +52,7 @@ class FedPSAState:
 
 def temperature(queue: jax.Array, m0: jax.Array, gamma: float, delta: float) -> jax.Array:
   """Eqs. 17-18: Temp = (M_cur / M0) γ + δ with M_cur the mean of the (full) queue."""
-  return jnp.mean(queue) / m0 * gamma + delta
+  return jnp.mean(queue) / jnp.maximum(m0, jnp.finfo(jnp.float32).tiny) * gamma + delta  # M0 = 0 only if every Δ was 0
 
 
 def flush_weights(kappas: jax.Array, temp: jax.Array, use_softmax: bool) -> jax.Array:
