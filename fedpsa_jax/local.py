@@ -14,6 +14,11 @@ so at most log2(max_unroll) + 1 chunk shapes ever compile and no step is wasted;
 
 Every step knows its global index t, so a client with fewer steps than the chunk it runs in simply
 masks the rest (lr 0): the same functions serve the batched, vmapped execution of many clients.
+
+The loss of a batch is the masked mean cross-entropy, or a strategy's `loss`
+`(apply_fn, params, anchor, x, y, mask, aux) -> scalar` (FedPAC's prototype alignment), plus the optional
+`regularizer(params, anchor)`; `anchor` is the dispatched parameters and `aux` the job's extras from the
+server (a pytree of arrays, traced like the data, so new values never recompile).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import optax
 
 Params = Any
 Regularizer = Callable[[Params, Params], jax.Array]
+# (apply_fn, params, anchor, x, y, mask, aux) -> the loss of one padded batch (strategies.base.LocalLoss)
+LocalLoss = Callable[[Callable[..., Any], Params, Params, jax.Array, jax.Array, jax.Array, Any], jax.Array]
 
 
 def num_local_steps(num_samples: int, batch_size: int, epochs: int) -> int:
@@ -62,8 +69,9 @@ class LocalTrainer:
   regularizer: Regularizer | None = None
   loop: str = "unrolled"  # 'unrolled' | 'rolled' (see module docstring)
   max_unroll: int = 16
+  loss: LocalLoss | None = None  # replaces the masked mean cross-entropy when given
 
-  def sgd_step(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, t):
+  def sgd_step(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, t, aux=()):
     """Step t of the client's schedule (a no-op once t >= its own step count)."""
     b = self.batch_size
     steps_per_epoch = (num_samples + b - 1) // b
@@ -75,7 +83,10 @@ class LocalTrainer:
     x, y = jnp.take(x_all, sample, axis=0), jnp.take(y_all, sample, axis=0)
 
     def loss_fn(p):
-      loss = _masked_mean_loss(self.apply_fn, p, x, y, mask)
+      if self.loss is None:
+        loss = _masked_mean_loss(self.apply_fn, p, x, y, mask)
+      else:
+        loss = self.loss(self.apply_fn, p, anchor, x, y, mask, aux)
       if self.regularizer is not None:
         loss = loss + self.regularizer(p, anchor)
       return loss
@@ -85,10 +96,10 @@ class LocalTrainer:
     step_lr = jnp.where(active, lr, 0.0)
     return jax.tree.map(lambda p, g: p - step_lr.astype(p.dtype) * g, params, grads)
 
-  def run_steps(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, t0, count):
+  def run_steps(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, t0, count, aux=()):
     """`count` consecutive steps from t0, unrolled (count static) or rolled (count traced)."""
     step = functools.partial(self.sgd_step, anchor=anchor, x_all=x_all, y_all=y_all, index_row=index_row,
-                             orders=orders, num_samples=num_samples, lr=lr)
+                             orders=orders, num_samples=num_samples, lr=lr, aux=aux)
     if self.loop == "rolled":
       return jax.lax.fori_loop(0, count, lambda i, p: step(p, t=t0 + i), params)
     for i in range(count):
@@ -108,11 +119,11 @@ class LocalTrainer:
     return chunks
 
   def train(self, params: Params, x_all: jax.Array, y_all: jax.Array, index_row: jax.Array,
-            num_samples: int, lr: float | jax.Array, key: jax.Array) -> Params:
+            num_samples: int, lr: float | jax.Array, key: jax.Array, aux: Any = ()) -> Params:
     """One client update from `params`: E epochs of SGD on the samples `index_row[:num_samples]`.
 
     `num_samples` is a host integer (the host knows each client's size); everything else may be on
-    device. Returns the trained parameters.
+    device. `aux` is handed to `loss` at every step. Returns the trained parameters.
     """
     total = num_local_steps(int(num_samples), self.batch_size, self.epochs)
     n = jnp.asarray(num_samples, jnp.int32)
@@ -120,10 +131,11 @@ class LocalTrainer:
     orders = _epoch_orders_jit(key, n, index_row.shape[0], self.epochs)
     anchor = params
     if self.loop == "rolled":
-      return _run_rolled(self, params, anchor, x_all, y_all, index_row, orders, n, lr, jnp.int32(total))
+      return _run_rolled(self, params, anchor, x_all, y_all, index_row, orders, n, lr, jnp.int32(total), aux)
     t0 = 0
     for count in self.chunk_sizes(total):
-      params = _run_chunk(self, params, anchor, x_all, y_all, index_row, orders, n, lr, jnp.int32(t0), count)
+      params = _run_chunk(self, params, anchor, x_all, y_all, index_row, orders, n, lr, jnp.int32(t0), count,
+                          aux)
       t0 += count
     return params
 
@@ -132,13 +144,13 @@ _epoch_orders_jit = jax.jit(epoch_orders, static_argnums=(2, 3))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 10))
-def _run_chunk(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr, t0, count):
-  return trainer.run_steps(params, anchor, x_all, y_all, index_row, orders, n, lr, t0, count)
+def _run_chunk(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr, t0, count, aux=()):
+  return trainer.run_steps(params, anchor, x_all, y_all, index_row, orders, n, lr, t0, count, aux)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _run_rolled(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr, total):
-  return trainer.run_steps(params, anchor, x_all, y_all, index_row, orders, n, lr, jnp.int32(0), total)
+def _run_rolled(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr, total, aux=()):
+  return trainer.run_steps(params, anchor, x_all, y_all, index_row, orders, n, lr, jnp.int32(0), total, aux)
 
 
 def resolve_loop(loop: str, platform: str | None = None) -> str:

@@ -2,9 +2,16 @@
 
 Inputs are NHWC float32 images; every model flattens what it needs itself, so any model can be paired
 with any dataset whose images it accepts.
+
+Models with a feature extractor (every one but `Linear`) take `return_features=True` and then return
+`(features, logits)`: the features are the input of the last Dense layer, the classifier (FedPAC's split,
+DESIGN §4). The default call `model.apply(params, x)` returns the logits, and parameter names do not
+depend on the flag, so one parameter tree serves both calls.
 """
 
 from __future__ import annotations
+
+from typing import Any, Mapping
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -22,12 +29,13 @@ class MnistCNN(nn.Module):
   num_classes: int = 10
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+  def __call__(self, x: jnp.ndarray, return_features: bool = False):
     x = _conv_block(x, 32)
     x = _conv_block(x, 64)
     x = x.reshape((x.shape[0], -1))
-    x = nn.relu(nn.Dense(512)(x))
-    return nn.Dense(self.num_classes)(x)
+    features = nn.relu(nn.Dense(512)(x))
+    logits = nn.Dense(self.num_classes)(features)
+    return (features, logits) if return_features else logits
 
 
 class Linear(nn.Module):
@@ -47,13 +55,14 @@ class CifarCNN(nn.Module):
   num_classes: int = 10
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+  def __call__(self, x: jnp.ndarray, return_features: bool = False):
     x = _conv_block(x, 64)
     x = _conv_block(x, 64)
     x = x.reshape((x.shape[0], -1))
     x = nn.relu(nn.Dense(384)(x))
-    x = nn.relu(nn.Dense(192)(x))
-    return nn.Dense(self.num_classes)(x)
+    features = nn.relu(nn.Dense(192)(x))
+    logits = nn.Dense(self.num_classes)(features)
+    return (features, logits) if return_features else logits
 
 
 class TinyMLP(nn.Module):
@@ -63,13 +72,26 @@ class TinyMLP(nn.Module):
   hidden: int = 16
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+  def __call__(self, x: jnp.ndarray, return_features: bool = False):
     x = x.reshape((x.shape[0], -1))
-    x = nn.relu(nn.Dense(self.hidden)(x))
-    return nn.Dense(self.num_classes)(x)
+    features = nn.relu(nn.Dense(self.hidden)(x))
+    logits = nn.Dense(self.num_classes)(features)
+    return (features, logits) if return_features else logits
 
 
 MODELS = {"mnist_cnn": MnistCNN, "linear": Linear, "cifar_cnn": CifarCNN, "tiny_mlp": TinyMLP}
+# Models that accept `return_features=True` (a feature extractor below a Dense classifier).
+FEATURE_MODELS = ("mnist_cnn", "cifar_cnn", "tiny_mlp")
+
+
+def classifier_layer(params: Mapping[str, Any]) -> str:
+  """The name of the classifier, the last Dense layer (`Dense_<i>` with the largest i), in a model's
+  parameters (`{'params': {...}}` or the inner dict)."""
+  layers = params["params"] if "params" in params else params
+  dense = [name for name in layers if name.startswith("Dense_")]
+  if not dense:
+    raise ValueError(f"no Dense layer among the parameters {sorted(layers)}")
+  return max(dense, key=lambda name: int(name.split("_")[1]))
 
 
 def get_model(name: str, num_classes: int) -> nn.Module:

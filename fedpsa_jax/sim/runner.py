@@ -41,6 +41,7 @@ class Job:
   params_start: Params
   lr: float
   dispatch_round: int
+  aux: Any = ()  # the strategy's `client_aux` at dispatch (e.g. FedPAC's global prototypes)
 
 
 _tree_sub = jax.jit(lambda a, b: jax.tree.map(jnp.subtract, a, b))
@@ -71,8 +72,11 @@ class ClientExecutor:
       client = job.dispatch.client
       params_end = self.trainer.train(
           job.params_start, self.fed.x_train, self.fed.y_train, self.fed.client_indices[client],
-          int(self.fed.client_sizes[client]), job.lr, jax.random.fold_in(self.clients_key, job_id))
-      payload = self.strategy.client_finish(job.params_start, params_end)
+          int(self.fed.client_sizes[client]), job.lr, jax.random.fold_in(self.clients_key, job_id), aux=job.aux)
+      client_job = strategies.ClientJob(client=client, x_all=self.fed.x_train, y_all=self.fed.y_train,
+                                        index_row=self.fed.client_indices[client],
+                                        num_samples=int(self.fed.client_sizes[client]), aux=job.aux)
+      payload = self.strategy.client_payload(job.params_start, params_end, client_job)
       self.results[job_id] = (_tree_sub(params_end, job.params_start), payload)
     jax.block_until_ready(list(self.results.values()))
     self.pending.clear()
@@ -114,7 +118,7 @@ class Simulation:
     trainer = local.LocalTrainer(
         apply_fn=self.model.apply, batch_size=config.local.batch_size, epochs=config.local.epochs,
         regularizer=self.strategy.regularizer, loop=local.resolve_loop(config.local.loop),
-        max_unroll=config.local.max_unroll)
+        max_unroll=config.local.max_unroll, loss=self.strategy.local_loss)
     self.executor = ClientExecutor(trainer, self.fed, self.strategy,
                                    seeding.device_key(config.seed, "clients"))
     lat = config.sim.latency
@@ -165,7 +169,8 @@ class Simulation:
     self.now = t
     if self.scheduler.dispatch_due(t):
       for d in self.scheduler.dispatch(t):
-        job = Job(d, self.strategy.params_for(self.state, d.client), self.lr, self.round)
+        job = Job(d, self.strategy.params_for(self.state, d.client), self.lr, self.round,
+                  self.strategy.client_aux(self.state, d.client))
         self.jobs[d.job_id] = job
         self.executor.submit(job)
       return

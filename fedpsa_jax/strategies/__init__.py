@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from fedpsa_jax.strategies.base import Arrival, Strategy, StrategyContext, get_strategy, register, registered
+from fedpsa_jax.strategies.base import (Arrival, ClientJob, LocalLoss, Strategy, StrategyContext, get_strategy, register,
+                                        registered)
 
 _LOADED = False
 
@@ -25,4 +26,5 @@ def load_all() -> None:
   _LOADED = True
 
 
-__all__ = ["Arrival", "Strategy", "StrategyContext", "get_strategy", "load_all", "register", "registered"]
+__all__ = ["Arrival", "ClientJob", "LocalLoss", "Strategy", "StrategyContext", "get_strategy", "load_all", "register",
+           "registered"]

@@ -5,9 +5,21 @@ the event heap or the dataset; the runner never looks inside its state. The runn
 
 - `init(params)`: the server state (a pytree) from the initial global parameters;
 - `params_for(state, client)`: what a dispatched client starts from (default: the global model);
+- `client_aux(state, client)`: extras sent with those parameters at dispatch, a pytree of arrays
+  (default `()`; FedPAC: the global class prototypes). The runner keeps it with the job and hands it
+  to the local loss and to `client_payload`, so a job's result still depends only on what it was
+  dispatched with;
 - `regularizer`: an optional extra term of the local loss, `(params, params_start) -> scalar`
   (FedProx/FedAsync's proximal term);
+- `local_loss`: an optional replacement of the data term of the local loss,
+  `(apply_fn, params, params_start, x, y, mask, aux) -> scalar` on one batch (`mask` marks the real
+  samples of a padded batch; `aux` is the job's `client_aux`); `regularizer` is still added to it.
+  Both must be the same object for the strategy's whole life (build them once in `__init__`): the
+  local trainer is a static jit argument, so a new function object would recompile every chunk;
 - `client_finish(params_start, params_end)`: the client-side payload sent beside Δ (FedPSA's sketch);
+  `client_payload(params_start, params_end, job)` is the general form, for payloads that need the
+  client's own data or the job's aux (`ClientJob`; FedPAC's feature statistics and prototypes). Its
+  default returns `client_finish(params_start, params_end)`, so a strategy overrides one or the other;
 - `receive(state, arrivals) -> (state, changed)`: all arrivals of one event time; `changed` says that
   a round happened, the only thing the host loop must know;
 - `eval_params(state)`: what the test set is evaluated on;
@@ -26,6 +38,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from fedpsa_jax.local import LocalLoss  # (apply_fn, params, params_start, x, y, mask, aux) -> scalar
+
 Params = Any
 State = Any
 
@@ -43,6 +57,22 @@ class StrategyContext:
   num_classes: int
   seed: int
   calibration_batch: Callable[[], tuple[jax.Array, jax.Array]]  # the shared batch D_b, built on demand
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientJob:
+  """What a client holds while it works: its id, its data and the extras the server sent with the job.
+
+  The data is the run's whole training set on device plus this client's padded index row: the client's
+  samples are `x_all[index_row[:num_samples]]` (positions from `num_samples` on are padding).
+  """
+
+  client: int
+  x_all: jax.Array
+  y_all: jax.Array
+  index_row: jax.Array
+  num_samples: int
+  aux: Any = ()  # `client_aux(state, client)` at dispatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,13 +120,29 @@ class Strategy:
     del client
     return state.params
 
+  def client_aux(self, state: State, client: int) -> Any:
+    """Extras (a pytree of arrays) sent to a dispatched client beside `params_for`; `()` by default."""
+    del state, client
+    return ()
+
   @property
   def regularizer(self) -> Callable[[Params, Params], jax.Array] | None:
+    return None
+
+  @property
+  def local_loss(self) -> LocalLoss | None:
+    """The local loss of one batch, replacing the default masked-mean cross-entropy (None: default)."""
     return None
 
   def client_finish(self, params_start: Params, params_end: Params) -> Any:
     del params_start, params_end
     return ()
+
+  def client_payload(self, params_start: Params, params_end: Params, job: ClientJob) -> Any:
+    """The payload sent beside Δ when it needs the client's data or the job's aux; by default
+    `client_finish(params_start, params_end)`."""
+    del job
+    return self.client_finish(params_start, params_end)
 
   def receive(self, state: State, arrivals: Sequence[Arrival]) -> tuple[State, bool]:
     raise NotImplementedError
