@@ -17,11 +17,22 @@ from fedpsa_jax.data.calibration import CALIBRATION_KINDS
 from fedpsa_jax.data.partition import PARTITIONERS
 from fedpsa_jax.data.sources import DATASETS, TEST_SPLITS
 from fedpsa_jax.models import MODELS
+from fedpsa_jax.sensitivity import FISHER_METHODS
 
 UNITS_PER_DAY = 86_400  # FLGo's virtual day, in atomic time units
 LATENCY_DISTRIBUTIONS = ("uniform", "long_tail")
 LATENCY_RESAMPLING = ("fixed", "per_dispatch")
 LOCAL_LOOPS = ("auto", "unrolled", "rolled")
+# Fields that may differ between a run directory's config.json and the config that resumes it: they
+# change neither the run's trajectory nor its outputs up to the checkpoint. `sim.virtual_days` may grow
+# (to extend a finished run) but not fall below the time of the checkpoint resumed from;
+# `data.data_dir` only says where the same prepared data now lives.
+RESUMABLE_FIELDS = ("sim.virtual_days", "output.progress", "checkpoint.every_days", "checkpoint.keep",
+                    "data.data_dir")
+
+
+class ConfigError(ValueError):
+  """Bad input found before any training: a config value, the workdir, or a resume that cannot be."""
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -68,7 +79,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.sensitivity.calibration = "gaussian"  # the shared batch D_b: gaussian (synthetic) | real (train data)
   c.sensitivity.calibration_size = 32  # |D_b|
   c.sensitivity.sketch_dim = 16  # k, rows of the random projection R (Eq. 11)
-  c.sensitivity.chunk_size = 32  # per-sample gradients are computed this many samples at a time
+  c.sensitivity.fisher = "auto"  # Fisher path: factored (exact, no per-sample dense/conv grads) | per_sample | auto
+  c.sensitivity.chunk_size = 8  # per_sample path: samples per vmap(grad) chunk (8 was fastest on CPU)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every_days = 0.01  # evaluate the global model every this many virtual days (and at 0, end)
@@ -78,6 +90,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.output = ml_collections.ConfigDict()
   c.output.events = False  # write events.jsonl: one line per received update
   c.output.progress = True  # show a progress bar over virtual days
+
+  c.checkpoint = ml_collections.ConfigDict()
+  # Save a checkpoint (WORKDIR/checkpoints) at the first evaluation at least this many virtual days
+  # after the previous one, and always at the end; 0: only at the end. Needs a workdir.
+  c.checkpoint.every_days = 0.5
+  c.checkpoint.keep = 3  # most recent checkpoints kept; >= 2 leaves a fallback if the newest is corrupt
 
   for name, cls in sorted(strategies.registered().items()):
     c[name] = cls.default_config()
@@ -125,7 +143,8 @@ def config_errors(c: ml_collections.ConfigDict) -> list[str]:
 
   methods = strategies.registered()
   one_of("method", methods)
-  check(_is_int(c.seed), "seed", "an integer")
+  check(_is_int(c.seed) and c.seed >= 0, "seed", "an integer >= 0")
+  check(isinstance(c.stop_on_nan, bool), "stop_on_nan", "True, False")
   one_of("data.name", DATASETS)
   one_of("data.test_split", TEST_SPLITS)
   check(
@@ -158,12 +177,19 @@ def config_errors(c: ml_collections.ConfigDict) -> list[str]:
   check(_is_number(lat.shape) and lat.shape > 0, "sim.latency.shape", "a number > 0")
   s = c.sensitivity
   one_of("sensitivity.calibration", CALIBRATION_KINDS)
+  one_of("sensitivity.fisher", FISHER_METHODS)
   check(_is_int(s.calibration_size) and s.calibration_size >= 1, "sensitivity.calibration_size",
         "an integer >= 1")
   check(_is_int(s.sketch_dim) and s.sketch_dim >= 1, "sensitivity.sketch_dim", "an integer >= 1")
   check(_is_int(s.chunk_size) and s.chunk_size >= 1, "sensitivity.chunk_size", "an integer >= 1")
   check(_is_number(c.eval.every_days) and c.eval.every_days > 0, "eval.every_days", "a number > 0")
   check(_is_int(c.eval.batch_size) and c.eval.batch_size >= 1, "eval.batch_size", "an integer >= 1")
+  check(isinstance(c.eval.every_round, bool), "eval.every_round", "True, False")
+  check(isinstance(c.output.events, bool), "output.events", "True, False")
+  check(isinstance(c.output.progress, bool), "output.progress", "True, False")
+  check(_is_number(c.checkpoint.every_days) and c.checkpoint.every_days >= 0, "checkpoint.every_days",
+        "a number >= 0 (0: checkpoint only at the end)")
+  check(_is_int(c.checkpoint.keep) and c.checkpoint.keep >= 1, "checkpoint.keep", "an integer >= 1")
   if c.method in methods:
     errors += methods[c.method].validate_config(c)
   if c.data.data_dir is not None and not os.path.isdir(c.data.data_dir):
@@ -173,11 +199,37 @@ def config_errors(c: ml_collections.ConfigDict) -> list[str]:
 
 
 def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Raises one ValueError listing every bad field (field, value, allowed values); returns `c`."""
+  """Raises one ConfigError (a ValueError) listing every bad field (field, value, allowed values);
+  returns `c`."""
   errors = config_errors(c)
   if errors:
-    raise ValueError("invalid config:\n  " + "\n  ".join(errors))
+    raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
   return c
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, object]:
+  out: dict[str, object] = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def config_differences(saved: dict, current: dict, ignore: tuple[str, ...] = RESUMABLE_FIELDS) -> list[str]:
+  """`'field: saved -> current'` for every field (dotted path, sorted) whose value differs between two
+  configs given as JSON-like dicts, leaving out `ignore`. A field only one of them has counts as
+  different (shown as <absent>)."""
+  a, b = _flatten(saved), _flatten(current)
+  out = []
+  for key in sorted(set(a) | set(b)):
+    if key in ignore:
+      continue
+    va, vb = a.get(key, "<absent>"), b.get(key, "<absent>")
+    if va != vb:
+      out.append(f"{key}: {va!r} -> {vb!r}")
+  return out
 
 
 # Short names accepted in a config file's `:arg` string, beside any dotted field path.

@@ -48,6 +48,16 @@ BAD = [
     ("fedpsa.buffer_size", 51),
     ("fedpsa.queue_length", 0),
     ("fedpsa.gamma", -1.0),
+    ("seed", -1),
+    ("stop_on_nan", "yes"),
+    ("sim.virtual_days", -1.0),
+    ("sim.latency.high", 5),  # below sim.latency.low = 10: bounds reversed
+    ("local.lr", float("nan")),
+    ("partition.alpha", float("inf")),
+    ("eval.every_round", 1),
+    ("output.progress", "no"),
+    ("checkpoint.every_days", -0.5),
+    ("checkpoint.keep", 0),
 ]
 
 

@@ -29,6 +29,7 @@ class LatencyModel:
 
   def __init__(self, num_clients: int, distribution: str, low: int, high: int, shape: float,
                resample: str, rng: np.random.Generator):
+    self.rng = rng
     self._draw = lambda n: draw_response_times(distribution, n, low, high, shape, rng)
     self.resample = resample
     self.fixed = self._draw(num_clients)
@@ -37,3 +38,15 @@ class LatencyModel:
     if self.resample == "per_dispatch":
       return int(self._draw(1)[0])
     return int(self.fixed[client])
+
+  def state_dict(self) -> dict:
+    """The model's mutable state as JSON-able values: the per-client times and the generator's state
+    (which `per_dispatch` advances at every dispatch)."""
+    return {"fixed": [int(x) for x in self.fixed], "rng": self.rng.bit_generator.state}
+
+  def load_state_dict(self, state: dict) -> None:
+    """Restores what `state_dict` returned, so the next draws are the ones the saved run would make."""
+    if len(state["fixed"]) != len(self.fixed):
+      raise ValueError(f"saved latency state has {len(state['fixed'])} clients, this run {len(self.fixed)}")
+    self.fixed = np.asarray(state["fixed"], dtype=self.fixed.dtype)
+    self.rng.bit_generator.state = state["rng"]

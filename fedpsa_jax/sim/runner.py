@@ -5,12 +5,25 @@ notebook advance it step by step. Client results are computed lazily by `ClientE
 job is only recorded, and its local training runs when its arrival is processed. A job's result
 depends only on (parameters at dispatch, client data, lr, key = fold_in(clients_key, job_id)), so
 when it is computed, and beside which other jobs, never changes it.
+
+Checkpoints and resume (with a workdir). At an evaluation at least `checkpoint.every_days` after the
+previous checkpoint, and at the end, the run saves (fedpsa_jax/checkpoint.py) everything it needs to
+continue exactly: the strategy state, the scheduler (clock, event heap, busy/held clients, both host
+generators), every in-flight job's dispatch record with the parameters, lr, round and aux it was
+dispatched with (its result is recomputed on resume: it depends only on those), the clients key, the
+loop's counters, and the byte positions of metrics.jsonl/events.jsonl. A `Simulation` on a workdir
+holding a run of the same config resumes from the newest complete checkpoint, truncating the outputs
+to the positions it recorded; without one it starts over. Metrics after a resume are bitwise those of
+an uninterrupted run on the same backend, apart from the timing fields (`wall_seconds`,
+`train_seconds`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import os
 import time
 from typing import Any
 
@@ -20,6 +33,7 @@ import ml_collections
 import numpy as np
 import tqdm.auto as tqdm
 
+from fedpsa_jax import checkpoint as checkpoint_lib
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, local, metrics, seeding, strategies
 from fedpsa_jax.data.calibration import make_calibration_batch
@@ -31,6 +45,8 @@ from fedpsa_jax.sim.latency import LatencyModel
 from fedpsa_jax.sim.scheduler import Dispatch, Scheduler
 
 Params = Any
+_log = logging.getLogger(__name__)
+TIMING_FIELDS = ("wall_seconds", "train_seconds", "client_updates_per_second")  # differ between runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,9 +112,17 @@ class Simulation:
   """One run of one config: build once, then `run()` (or `run_until(day)` repeatedly, then `finish()`)."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
+    """Validates `config` and `workdir` (ConfigError before any work), builds the run, and, when
+    `workdir` holds a run of the same config with a usable checkpoint, restores it."""
     self.config = config = config_lib.validate(config)
     self.wall_start = time.perf_counter()
-    self.dataset, self.fed = build_data(config)
+    created = io.check_workdir(workdir, config) if workdir else False
+    try:
+      self.dataset, self.fed = build_data(config)
+    except Exception:
+      if created and not os.listdir(workdir):
+        os.rmdir(workdir)  # bad input (e.g. missing data) leaves no empty run directory behind
+      raise
     self.model = get_model(config.model.name, self.dataset.num_classes)
     init_x = jnp.zeros((1, *self.dataset.input_shape), jnp.float32)
     params = self.model.init(seeding.device_key(config.seed, "init"), init_x)
@@ -115,12 +139,11 @@ class Simulation:
         calibration_batch=calibration_batch)
     self.strategy = strategies.get_strategy(config.method)(config, ctx)
     self.state = self.strategy.init(params)
-    trainer = local.LocalTrainer(
+    self._trainer = trainer = local.LocalTrainer(
         apply_fn=self.model.apply, batch_size=config.local.batch_size, epochs=config.local.epochs,
         regularizer=self.strategy.regularizer, loop=local.resolve_loop(config.local.loop),
         max_unroll=config.local.max_unroll, loss=self.strategy.local_loss)
-    self.executor = ClientExecutor(trainer, self.fed, self.strategy,
-                                   seeding.device_key(config.seed, "clients"))
+    self.executor = ClientExecutor(trainer, self.fed, self.strategy, seeding.device_key(config.seed, "clients"))
     lat = config.sim.latency
     latency = LatencyModel(self.fed.num_clients, lat.distribution, lat.low, lat.high, lat.shape,
                            lat.resample, seeding.host_rng(config.seed, "latency"))
@@ -137,12 +160,36 @@ class Simulation:
     self.next_eval = 0
     self.history: list[dict] = []
     self.status = "running"
-    self.rundir = io.RunDir(workdir) if workdir else None
-    if self.rundir:
-      self.rundir.write_config(config)
+    self.diverged_at: dict | None = None
+    self.checkpoint_every = int(round(config.checkpoint.every_days * config_lib.UNITS_PER_DAY))
+    self.last_checkpoint = 0  # virtual time of the last checkpoint (a fresh run counts from 0)
     self.progress = tqdm.tqdm(total=round(config.sim.virtual_days, 4), unit="day", leave=True,
                               disable=not config.output.progress,
                               bar_format="{l_bar}{bar}| {n:.3f}/{total:.3f} days [{elapsed}<{remaining}{postfix}]")
+    self.rundir: io.RunDir | None = None
+    self.checkpoints: checkpoint_lib.CheckpointStore | None = None
+    self.resumed_from: int | None = None  # virtual time of the checkpoint this run continued from
+    if workdir:
+      try:
+        self._open_workdir(workdir)
+      except BaseException:
+        self.progress.close()
+        self.close()
+        raise
+
+  def _open_workdir(self, workdir: str) -> None:
+    """Claims the workdir, then continues from its newest usable checkpoint or starts it afresh."""
+    self.rundir = io.RunDir(workdir)
+    self.rundir.lock()  # before anything in the workdir is read, cut back or written
+    self.checkpoints = checkpoint_lib.CheckpointStore(self.rundir.file("checkpoints"), self.config.checkpoint.keep)
+    restored = self.checkpoints.restore_latest()
+    if restored:
+      self._restore(restored)
+    else:
+      # No usable checkpoint: whatever an earlier attempt wrote is replaced by this fresh start.
+      self.rundir.truncate("metrics.jsonl", 0)
+      self.rundir.truncate("events.jsonl", 0)
+    self.rundir.write_config(self.config)
 
   # --- the loop -------------------------------------------------------------------------------------
 
@@ -156,10 +203,14 @@ class Simulation:
     while self.status == "running":
       t = self.scheduler.next_time()
       while self.next_eval <= min(until, self.budget) and (t is None or self.next_eval < t):
-        self._log_eval(self.next_eval)
+        evaluated = self.next_eval
+        self._log_eval(evaluated)
         self.next_eval += self.eval_every
         if self.status != "running":
           return
+        if (self.checkpoints and self.checkpoint_every > 0 and evaluated < self.budget
+            and evaluated - self.last_checkpoint >= self.checkpoint_every):
+          self.save_checkpoint(evaluated)  # (at the budget, finish() saves the end checkpoint instead)
       if t is None or t > until:
         self.now = until
         return
@@ -212,6 +263,11 @@ class Simulation:
     self.progress.update(round(record["day"] - self.progress.n, 6))
     if self.config.stop_on_nan and not (math.isfinite(record["test_loss"]) and metrics.tree_is_finite(params)):
       self.status = "diverged"
+      self.diverged_at = {"round": self.round, "time": t, "day": t / config_lib.UNITS_PER_DAY}
+      self.now = max(self.now, t)  # the run got as far as this evaluation
+      _log.warning("the global model or the test loss is NaN/Inf at round %d, time %d (day %.4f): "
+                   "stopping (status 'diverged'); set stop_on_nan=False to continue regardless",
+                   self.round, t, t / config_lib.UNITS_PER_DAY)
 
   def _log_events(self, jobs: list[Job], arrivals: list[strategies.Arrival], changed: bool) -> None:
     """One line per received update and, when a round happened, one line for the round."""
@@ -241,21 +297,25 @@ class Simulation:
         "client_updates": self.client_updates, "wall_seconds": wall,
         "train_seconds": self.executor.train_seconds,
         "client_updates_per_second": self.client_updates / wall if wall > 0 else 0.0,
-        "diverged_at": {"round": self.round, "time": self.now} if self.status == "diverged" else None,
+        "diverged_at": self.diverged_at if self.status == "diverged" else None,
     }
 
   def finish(self) -> dict:
     """Evaluates at the end of the budget (if not done), writes summary.json, closes the outputs."""
     if self.status == "running":
       self.run_until(self.budget / config_lib.UNITS_PER_DAY)
+    if self.status == "running":  # (not after a divergence: its evaluation was the last)
       self._log_eval(self.budget)
       if self.status == "running":
         self.status = "completed"
+    # The end checkpoint lets a rerun return at once, and a larger sim.virtual_days extend the run.
+    if self.checkpoints and self.now > self.last_checkpoint:
+      self.save_checkpoint(self.now)
     self.progress.close()
     summary = self.summary()
     if self.rundir:
       self.rundir.write_summary(summary)
-      self.rundir.close()
+    self.close()
     return summary
 
   def run(self) -> dict:
@@ -267,8 +327,78 @@ class Simulation:
       self.progress.close()
       if self.rundir:
         self.rundir.write_summary(self.summary())
-        self.rundir.close()
+      self.close()
       raise
+
+  def close(self) -> None:
+    """Closes the outputs and the checkpoint store (the run can be resumed from its workdir later)."""
+    if self.rundir:
+      self.rundir.close()
+    if self.checkpoints:
+      self.checkpoints.close()
+
+  # --- checkpoints ----------------------------------------------------------------------------------
+
+  def save_checkpoint(self, step: int) -> None:
+    """Saves the run at virtual time `step` (an evaluation time, or the end) so it continues exactly."""
+    self.rundir.sync()  # the positions recorded below must be on disk before the checkpoint exists
+    snapshot = {
+        "loop": {"now": self.now, "round": self.round, "client_updates": self.client_updates,
+                 "next_eval": self.next_eval, "status": self.status, "diverged_at": self.diverged_at,
+                 "wall_seconds": time.perf_counter() - self.wall_start,
+                 "train_seconds": self.executor.train_seconds,
+                 "metrics_lines": len(self.history), "metrics_bytes": self.rundir.size("metrics.jsonl"),
+                 "events_bytes": self.rundir.size("events.jsonl")},
+        "scheduler": self.scheduler.state_dict(),
+        "strategy": self.strategy.save_state(self.state),
+        # In-flight jobs by job id, as plain dicts (the format does not depend on where Job lives).
+        # Results already computed are not stored: they are recomputed on resume, identically.
+        "jobs": [{**dataclasses.asdict(job.dispatch), "params_start": job.params_start, "lr": job.lr,
+                  "dispatch_round": job.dispatch_round, "aux": job.aux} for _, job in sorted(self.jobs.items())],
+        "clients_key": self.executor.clients_key,
+    }
+    self.checkpoints.save(step, snapshot, io.config_json(self.config))
+    self.last_checkpoint = step
+
+  def _restore(self, restored: checkpoint_lib.Restored) -> None:
+    """Continues from a checkpoint: state, clock, jobs, counters, and outputs cut back to its positions."""
+    diffs = config_lib.config_differences(restored.config, io.config_json(self.config))
+    if diffs:
+      raise config_lib.ConfigError(
+          f"the checkpoint {restored.step} in {self.checkpoints.directory} was made with a different config "
+          f"({'; '.join(diffs[:5])}); allowed: the same config (only {', '.join(config_lib.RESUMABLE_FIELDS)} "
+          "may change)")
+    snap = restored.snapshot
+    loop = snap["loop"]
+    if loop["now"] > self.budget:
+      raise config_lib.ConfigError(
+          f"sim.virtual_days={self.config.sim.virtual_days!r} is invalid for resuming this run; allowed: a "
+          f"number >= {loop['now'] / config_lib.UNITS_PER_DAY!r} (the time of its last checkpoint)")
+    self.state = self.strategy.restore_state(self.state, snap["strategy"])
+    self.scheduler.load_state_dict(snap["scheduler"])
+    self.executor = ClientExecutor(self._trainer, self.fed, self.strategy, snap["clients_key"])
+    for j in snap["jobs"]:
+      job = Job(Dispatch(j["job_id"], j["client"], j["dispatch_time"], j["arrival_time"]), j["params_start"],
+                j["lr"], j["dispatch_round"], j["aux"])
+      self.jobs[job.dispatch.job_id] = job
+      self.executor.submit(job)
+    self.executor.train_seconds = loop["train_seconds"]
+    self.now, self.round, self.client_updates = loop["now"], loop["round"], loop["client_updates"]
+    self.next_eval, self.status, self.diverged_at = loop["next_eval"], loop["status"], loop["diverged_at"]
+    if self.status == "completed" and self.now < self.budget:
+      self.status = "running"  # a finished run given a larger sim.virtual_days goes on
+    self.wall_start = time.perf_counter() - loop["wall_seconds"]
+    self.last_checkpoint = self.resumed_from = restored.step
+    self.rundir.truncate("metrics.jsonl", loop["metrics_bytes"])
+    self.rundir.truncate("events.jsonl", loop["events_bytes"])
+    self.history = [io.restore_nonfinite(r) for r in io.read_jsonl(self.rundir.file("metrics.jsonl"))]
+    if len(self.history) != loop["metrics_lines"]:
+      raise RuntimeError(f"{self.rundir.file('metrics.jsonl')} holds {len(self.history)} lines where the "
+                         f"checkpoint recorded {loop['metrics_lines']}; it cannot continue exactly")
+    if self.history:
+      self.progress.update(round(self.history[-1]["day"], 6))
+    _log.info("resumed %s from its checkpoint at day %.4f (round %d)", self.rundir.path,
+              restored.step / config_lib.UNITS_PER_DAY, self.round)
 
 
 def summary_line(summary: dict) -> str:

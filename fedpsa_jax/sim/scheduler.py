@@ -103,3 +103,24 @@ class Scheduler:
     else:
       self.held.update(clients)
     self.next_dispatch_time = now + 1
+
+  def state_dict(self) -> dict:
+    """The clock's whole state as JSON-able values: the event heap (in-flight jobs, in heap order),
+    busy and held clients, the next dispatch time and job id, and both generators' states."""
+    return {"heap": [list(e) for e in self.heap], "busy": sorted(self.busy), "held": sorted(self.held),
+            "next_dispatch_time": self.next_dispatch_time, "next_job_id": self.next_job_id,
+            "rng": self.rng.bit_generator.state, "latency": self.latency.state_dict(), "mode": self.mode,
+            "num_clients": self.num_clients, "concurrency": self.concurrency}
+
+  def load_state_dict(self, state: dict) -> None:
+    """Restores what `state_dict` returned; the shape of the federation must be the same."""
+    for name in ("mode", "num_clients", "concurrency"):
+      if state[name] != getattr(self, name):
+        raise ValueError(f"saved scheduler has {name}={state[name]!r}, this run {getattr(self, name)!r}")
+    # The list is kept in its saved order, which is a valid heap, so later pops are the same.
+    self.heap = [(int(t), int(c), int(j)) for t, c, j in state["heap"]]
+    self.busy, self.held = set(state["busy"]), set(state["held"])
+    self.next_dispatch_time = state["next_dispatch_time"]
+    self.next_job_id = state["next_job_id"]
+    self.rng.bit_generator.state = state["rng"]
+    self.latency.load_state_dict(state["latency"])

@@ -25,7 +25,11 @@ the event heap or the dataset; the runner never looks inside its state. The runn
 - `eval_params(state)`: what the test set is evaluated on;
 - `diagnostics(state)` / `event_records(state, arrivals)`: scalars for metrics.jsonl and events.jsonl,
   pulled to the host only when they are written;
-- `payload_bytes(payload)`: communication accounting of the extras.
+- `payload_bytes(payload)`: communication accounting of the extras;
+- `save_state(state)` / `restore_state(fresh, saved)`: what a checkpoint stores of the state and how
+  it is put back. The default stores the state as it is: `fedpsa_jax.checkpoint` handles any tree of
+  dicts, tuples, lists, dataclasses (host fields included), scalars and arrays, so a strategy
+  overrides these only if its state holds something else (or something rebuilt at `init`).
 """
 
 from __future__ import annotations
@@ -158,6 +162,17 @@ class Strategy:
     """Per-arrival diagnostics (e.g. κ, weight) after `receive`; only called when events are logged."""
     del state
     return [{} for _ in arrivals]
+
+  def save_state(self, state: State) -> Any:
+    """What a checkpoint stores of `state` (by default the state itself)."""
+    return state
+
+  def restore_state(self, fresh: State, saved: Any) -> State:
+    """The state to continue with, from `fresh = init(params)` of the resumed run (after which any
+    host-side caches built at `init`, such as FedPSA's sketch function, exist) and what `save_state`
+    returned. By default `saved`."""
+    del fresh
+    return saved
 
   def payload_bytes(self, payload: Any) -> int:
     return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(payload))

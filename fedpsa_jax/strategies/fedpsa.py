@@ -105,6 +105,7 @@ class FedPSA(Strategy):
     self._sketch_dim = s.sketch_dim
     self._projection_key = seeding.device_key(config.seed, "fedpsa/projection")
     self._chunk_size = s.chunk_size
+    self._fisher_method = s.fisher
     self._sketch_fn = None  # built at init, when the parameter count is known
 
   def init(self, params: Params) -> FedPSAState:
@@ -112,7 +113,7 @@ class FedPSA(Strategy):
     R = sensitivity.projection_matrix(self._projection_key, self._sketch_dim, d)
     self._sketch_fn = sensitivity.make_sketch_fn(
         self.ctx.apply_fn, *self._calibration, R, chunk_size=self._chunk_size,
-        use_sensitivity=not self.hparams.no_sensitivity)
+        use_sensitivity=not self.hparams.no_sensitivity, method=self._fisher_method)
     q = self.hparams.queue_length
     return FedPSAState(params=params, global_sketch=self._sketch_fn(params), queue=jnp.zeros((q,), jnp.float32),
                        m0=jnp.float32(0.0), temperature=jnp.float32(self.hparams.gamma + self.hparams.delta))

