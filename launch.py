@@ -1,24 +1,45 @@
 """Entry point: `python launch.py --config=configs/default.py[:arg] [--config.field=value ...]`.
 
-Modes: train (default). A bad config fails before any work with one message naming each bad field.
+Modes: train (default), profile. A bad config fails before any work with one message naming each bad
+field.
+
+profile: compiles and measures each jitted piece of the configured run (one SGD step, a client update,
+the Fisher diagonal on each path and Eq. 8 at calibration sizes 16/32/128/512, the sketch, evaluation,
+each strategy's server step): a table on stdout and WORKDIR/profile.json; `--profile_trace` also
+writes a jax.profiler trace (TensorBoard / Perfetto) to WORKDIR/trace with one named scope per piece.
+
+train: rerunning into the same --workdir continues the run from its last complete checkpoint (bitwise
+the same metrics as an uninterrupted run); `--resume` does so explicitly, and without --workdir finds the
+newest run of the same config under runs/. Bad input (config, workdir, missing data) exits with code 2
+and one message, no traceback; a diverged run exits with code 1.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import sys
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from fedpsa_jax import config as config_lib
+from fedpsa_jax import checkpoint, io, profiling
+from fedpsa_jax.data.sources import DatasetNotFoundError
 from fedpsa_jax.sim import runner
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Run config file[:arg].",
                                           lock_config=False)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config>-<time>).")
-_MODE = flags.DEFINE_enum("mode", "train", ["train"], "What to do with the config.")
+_MODE = flags.DEFINE_enum("mode", "train", ["train", "profile"], "What to do with the config.")
+_PROFILE_TRACE = flags.DEFINE_bool("profile_trace", False, "profile: also write a jax.profiler trace.")
+_PROFILE_REPEATS = flags.DEFINE_integer("profile_repeats", 5, "profile: timed calls per piece (median).")
+_RESUME = flags.DEFINE_bool(
+    "resume", False, "train: continue the run in --workdir (without --workdir: the newest "
+    "runs/<config>-* run of this same config) from its last complete checkpoint; an error if there is "
+    "none. Rerunning into the same --workdir resumes as well, without this flag.")
 
 
 def default_workdir(config_path: str) -> str:
@@ -26,6 +47,65 @@ def default_workdir(config_path: str) -> str:
   arg = config_path.split(":", 1)[1].replace(",", "_").replace("=", "-") if ":" in config_path else ""
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
   return os.path.join("runs", f"{name}{'-' + arg if arg else ''}-{stamp}")
+
+
+def resumable_workdir(config_path: str, config: ml_collections.ConfigDict) -> str:
+  """The newest `default_workdir` sibling (same config file and arg, any time) whose config.json is
+  this config (apart from config.RESUMABLE_FIELDS); ConfigError when there is none."""
+  prefix = os.path.basename(default_workdir(config_path))[:-len("YYYYmmdd-HHMMSS")]
+  current = io.config_json(config)
+  found = []
+  for name in os.listdir("runs") if os.path.isdir("runs") else []:
+    path = os.path.join("runs", name, "config.json")
+    if name.startswith(prefix) and os.path.exists(path):
+      with open(path) as f:
+        if not config_lib.config_differences(json.load(f), current):
+          found.append(os.path.join("runs", name))
+  if not found:
+    raise config_lib.ConfigError(f"--resume found no run of this config under runs/{prefix}*; allowed: "
+                                 "--workdir=DIR of the run to continue, or no --resume for a new run")
+  return max(found)  # the names end in a sortable timestamp
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, resume: bool) -> int:
+  """The train mode: bad input (config, workdir, data) -> its message and exit code 2, no traceback."""
+  try:
+    if resume and not os.path.exists(os.path.join(workdir, "config.json")):
+      raise config_lib.ConfigError(f"--workdir={workdir!r} holds no run to resume (no config.json); "
+                                   "allowed: the workdir of an earlier run, or no --resume for a new run")
+    simulation = runner.Simulation(config, workdir)
+  except (config_lib.ConfigError, DatasetNotFoundError, checkpoint.IncompatibleCheckpoint) as err:
+    print(err, file=sys.stderr)
+    return 2
+  logging.info("workdir: %s", workdir)
+  if simulation.resumed_from is not None:
+    print(f"resuming {workdir} from its checkpoint at day "
+          f"{simulation.resumed_from / config_lib.UNITS_PER_DAY:.4f} (status {simulation.status})")
+  summary = simulation.run()
+  print(runner.summary_line(summary))
+  print(f"outputs in {workdir}")
+  return 0 if summary["status"] == "completed" else 1
+
+
+def profile(config: ml_collections.ConfigDict, workdir: str) -> int:
+  """The profile mode: the table on stdout, the rows in WORKDIR/profile.json."""
+  try:
+    config_lib.validate(config)
+  except config_lib.ConfigError as err:
+    print(err, file=sys.stderr)
+    return 2
+  os.makedirs(workdir, exist_ok=True)
+  trace_dir = os.path.join(workdir, "trace") if _PROFILE_TRACE.value else None
+  try:
+    rows = profiling.profile(config, repeats=_PROFILE_REPEATS.value, trace_dir=trace_dir)
+  except DatasetNotFoundError as err:
+    print(err, file=sys.stderr)
+    return 2
+  print(profiling.format_table(rows))
+  io.write_json_atomic(os.path.join(workdir, "profile.json"), rows)
+  print(f"profile written to {os.path.join(workdir, 'profile.json')}"
+        + (f", trace to {trace_dir}" if trace_dir else ""))
+  return 0
 
 
 def main(argv: list[str]) -> int:
@@ -36,14 +116,19 @@ def main(argv: list[str]) -> int:
   if errors:
     print("invalid config:\n  " + "\n  ".join(errors), file=sys.stderr)
     return 2
-  workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename
-                                              if hasattr(flags.FLAGS["config"], "config_filename")
-                                              else sys.argv[0])
-  logging.info("workdir: %s", workdir)
-  summary = runner.Simulation(config, workdir).run()
-  print(runner.summary_line(summary))
-  print(f"outputs in {workdir}")
-  return 0 if summary["status"] == "completed" else 1
+  config_path = (flags.FLAGS["config"].config_filename if hasattr(flags.FLAGS["config"], "config_filename")
+                 else sys.argv[0])
+  if _MODE.value == "profile":
+    return profile(config, _WORKDIR.value or default_workdir(config_path) + "-profile")
+  if _RESUME.value and not _WORKDIR.value:
+    try:
+      workdir = resumable_workdir(config_path, config)
+    except config_lib.ConfigError as err:
+      print(err, file=sys.stderr)
+      return 2
+  else:
+    workdir = _WORKDIR.value or default_workdir(config_path)
+  return train(config, workdir, _RESUME.value)
 
 
 if __name__ == "__main__":

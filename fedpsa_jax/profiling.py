@@ -1,0 +1,237 @@
+"""Compiled cost and measured time of every jitted piece of a run (issue: sensitivity at the cost the
+paper promises, Sec. 6.5 / Fig. 5).
+
+For the configured model and data, each piece is compiled once, then reported with:
+- `gflops` and `gbytes` from XLA's cost analysis of the compiled program. XLA counts a loop body
+  once, so pieces are costed loop-free: local training as the sum of its unrolled chunks, the
+  factored Fisher through its loop-free twin (`conv_loop='batched'`, the same matmuls), evaluation as
+  its number of batches times one batch;
+- `temp_mb`: the largest temporary buffer allocation of its compiled programs (memory analysis);
+- `ms`: the median wall time over `repeats` calls after a warm-up, each ended by `block_until_ready`.
+
+`profile(config)` returns the rows as a list of dicts (a notebook makes a DataFrame of them);
+`launch.py --mode=profile` prints them as a table and writes `profile.json`; with a trace directory,
+the timed calls run inside `jax.profiler.trace` with one named `TraceAnnotation` per piece.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import statistics
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from fedpsa_jax import fisher, local, seeding, sensitivity, strategies
+from fedpsa_jax.data.calibration import make_calibration_batch
+
+CALIBRATION_SIZES = (16, 32, 128, 512)
+
+
+def compiled_cost(fn: Callable, *args) -> dict[str, float]:
+  """FLOPs, bytes accessed and temporary memory of `jax.jit(fn)(*args)` as compiled here."""
+  compiled = jax.jit(fn).lower(*args).compile()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
+  memory = compiled.memory_analysis()
+  return {"flops": float(cost.get("flops", 0.0)), "bytes": float(cost.get("bytes accessed", 0.0)),
+          "temp_bytes": float(getattr(memory, "temp_size_in_bytes", 0) or 0)}
+
+
+def median_seconds(call: Callable[[], Any], repeats: int) -> float:
+  """Median wall time of `call()` (ended by block_until_ready) after one warm-up call."""
+  jax.block_until_ready(call())
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(call())
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def _row(name: str, cost: dict[str, float], seconds: float, **extra) -> dict[str, Any]:
+  return {"piece": name, "gflops": cost["flops"] / 1e9, "gbytes": cost["bytes"] / 1e9,
+          "temp_mb": cost["temp_bytes"] / 1e6, "ms": seconds * 1e3, **extra}
+
+
+def _scaled(cost: dict[str, float], times: float) -> dict[str, float]:
+  return {"flops": cost["flops"] * times, "bytes": cost["bytes"] * times, "temp_bytes": cost["temp_bytes"]}
+
+
+def _summed(costs: Iterable[dict[str, float]]) -> dict[str, float]:
+  costs = list(costs)
+  return {"flops": sum(c["flops"] for c in costs), "bytes": sum(c["bytes"] for c in costs),
+          "temp_bytes": max((c["temp_bytes"] for c in costs), default=0.0)}
+
+
+class Profiler:
+  """Builds one run's pieces (via `Simulation`, without running it) and measures them."""
+
+  def __init__(self, config: ml_collections.ConfigDict, repeats: int = 5, trace: bool = False):
+    from fedpsa_jax.sim.runner import Simulation  # here, not at import: runner imports much
+
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.output.progress = False
+    self.sim = Simulation(config, workdir=None)
+    self.config, self.repeats, self.trace = config, repeats, trace
+    self.params = self.sim.strategy.eval_params(self.sim.state)
+    self.apply_fn = self.sim.model.apply
+    self.rows: list[dict[str, Any]] = []
+
+  def _timed(self, name: str, call: Callable[[], Any]) -> float:
+    annotation = jax.profiler.TraceAnnotation(name) if self.trace else contextlib.nullcontext()
+    with annotation:
+      return median_seconds(call, self.repeats)
+
+  def add(self, name: str, cost: dict[str, float], call: Callable[[], Any], **extra) -> dict[str, Any]:
+    row = _row(name, cost, self._timed(name, call), **extra)
+    self.rows.append(row)
+    return row
+
+  # --- the pieces -----------------------------------------------------------------------------------
+
+  def local_training(self) -> None:
+    fed, trainer = self.sim.fed, self.sim.executor.trainer
+    client = int(np.argsort(fed.client_sizes)[len(fed.client_sizes) // 2])  # the median-sized client
+    n, row, key = int(fed.client_sizes[client]), fed.client_indices[client], jax.random.key(0)
+    orders = local.epoch_orders(key, jnp.int32(n), row.shape[0], trainer.epochs)
+    args = (self.params, self.params, fed.x_train, fed.y_train, row, orders, jnp.int32(n), jnp.float32(0.01))
+    one_step = functools.partial(trainer.sgd_step, t=jnp.int32(0))
+    self.add("sgd_step", compiled_cost(one_step, *args), lambda: jax.jit(one_step)(*args),
+             batch=trainer.batch_size)
+    steps = local.num_local_steps(n, trainer.batch_size, trainer.epochs)
+    chunk_costs = [compiled_cost(functools.partial(trainer.run_steps, count=c), *args, jnp.int32(0))
+                   for c in trainer.chunk_sizes(steps)]
+    self.add("client_update", _summed(chunk_costs),
+             lambda: trainer.train(self.params, fed.x_train, fed.y_train, row, n, 0.01, key),
+             steps=steps, samples=n)
+
+  def sensitivity_pieces(self, sizes: Sequence[int]) -> None:
+    c = self.config
+    rng = seeding.host_rng(c.seed, "calibration")
+    for size in sizes:
+      x, y = map(jnp.asarray, make_calibration_batch(c.sensitivity.calibration, size, self.sim.dataset, rng))
+      chunk = c.sensitivity.chunk_size
+      # The batch is an argument, not a closed-over constant: XLA would constant-fold its im2col.
+      reference = lambda p, x, y: sensitivity.fisher_diagonal(self.apply_fn, p, x, y, chunk_size=chunk,
+                                                               method="per_sample")
+      self._add_on_batch("fisher_per_sample", reference, x, y, calibration=size, chunk=chunk)
+      if fisher.flax_module_of(self.apply_fn) is not None:
+        factored = lambda p, x, y: fisher.gradient_and_fisher(self.apply_fn, p, x, y)
+        loop_free = lambda p, x, y: fisher.gradient_and_fisher(self.apply_fn, p, x, y, conv_loop="batched")
+        cost = compiled_cost(loop_free, self.params, x, y)
+        cost["temp_bytes"] = compiled_cost(factored, self.params, x, y)["temp_bytes"]  # the path that runs
+        self.add("fisher_factored", cost, functools.partial(jax.jit(factored), self.params, x, y),
+                 calibration=size)
+      eq8 = lambda p, x, y: sensitivity.sensitivity(self.apply_fn, p, x, y, chunk_size=chunk,
+                                                    method=c.sensitivity.fisher)
+      self._add_on_batch("sensitivity_eq8", eq8, x, y, calibration=size, note="g + Fisher + Eq. 8")
+    d = sensitivity.num_params(self.params)
+    R = sensitivity.projection_matrix(jax.random.key(0), c.sensitivity.sketch_dim, d)
+    self.add("sketch", compiled_cost(sensitivity.sketch, R, self.params),
+             functools.partial(jax.jit(sensitivity.sketch), R, self.params), k=c.sensitivity.sketch_dim, d=d)
+    # What a FedPSA client adds to its update: g, Fisher, Eq. 8 and the sketch in one compiled call,
+    # on the configured calibration batch and Fisher path.
+    x, y = map(jnp.asarray, make_calibration_batch(c.sensitivity.calibration, c.sensitivity.calibration_size,
+                                                   self.sim.dataset, rng))
+    whole = lambda p, x, y: sensitivity._sketch_of(self.apply_fn, p, R, x, y, chunk_size=c.sensitivity.chunk_size,
+                                                   use_sensitivity=True, method=c.sensitivity.fisher)
+    self._add_on_batch("client_sensitivity_sketch", whole, x, y, calibration=c.sensitivity.calibration_size,
+                       note=f"Fisher path {sensitivity.resolve_fisher_method(self.apply_fn, c.sensitivity.fisher)}")
+
+  def _add_on_batch(self, name: str, fn: Callable, x: jax.Array, y: jax.Array, **extra) -> None:
+    """Costs and times `fn(params, x, y)`, the batch passed as arguments."""
+    self.add(name, compiled_cost(fn, self.params, x, y), functools.partial(jax.jit(fn), self.params, x, y),
+             **extra)
+
+  def evaluation(self) -> None:
+    fed = self.sim.fed
+    n, b = int(fed.x_test.shape[0]), min(self.config.eval.batch_size, int(fed.x_test.shape[0]))
+    batches = -(-n // b)
+    from fedpsa_jax.metrics import _batch_stats
+    one = functools.partial(_batch_stats, self.apply_fn)
+    cost = compiled_cost(one, self.params, fed.x_test[:b], fed.y_test[:b], jnp.ones((b,), jnp.float32))
+    self.add("evaluate", _scaled(cost, batches), lambda: self.sim.evaluate(self.params)["test_accuracy"],
+             samples=n, batches=batches)
+
+  def server_steps(self, methods: Sequence[str] | None = None) -> None:
+    """Each strategy's server step: one `receive` that completes a round, from real client payloads."""
+    fed = self.sim.fed
+    registered = strategies.registered()
+    for method in sorted(registered) if methods is None else methods:
+      config = ml_collections.ConfigDict(self.config.to_dict())
+      config.method = method
+      if registered[method].validate_config(config):
+        continue  # not applicable to this model (FedPAC on the linear model)
+      strategy = registered[method](config, self.sim.strategy.ctx)
+      state = strategy.init(self.params)
+      count = _arrivals_for_a_round(strategy, config)
+      arrivals = []
+      for i in range(count):
+        client = i % fed.num_clients
+        start = strategy.params_for(state, client)
+        end = jax.tree.map(lambda p, k=i: p + 1e-3 * jax.random.normal(jax.random.key(k), p.shape, p.dtype), start)
+        job = strategies.ClientJob(client, fed.x_train, fed.y_train, fed.client_indices[client],
+                                   int(fed.client_sizes[client]), strategy.client_aux(state, client))
+        arrivals.append(strategies.Arrival(
+            client=client, num_samples=int(fed.client_sizes[client]), staleness=i % 3, dispatch_round=0,
+            params_start=start, delta=jax.tree.map(jnp.subtract, end, start),
+            payload=strategy.client_payload(start, end, job)))
+      call = lambda: strategy.receive(state, arrivals)[0]
+      try:  # the arrivals are closed over (constants): Arrival is a plain record, not a pytree
+        cost = compiled_cost(lambda s: strategy.receive(s, arrivals)[0], state)
+      except (jax.errors.JAXTypeError, jax.errors.ConcretizationTypeError, TypeError):
+        # host logic (FedPAC's scipy QP) cannot be traced: timed only
+        cost = {"flops": float("nan"), "bytes": float("nan"), "temp_bytes": float("nan")}
+      self.add(f"server_step/{method}", cost, call, arrivals=count)
+
+
+def _arrivals_for_a_round(strategy: strategies.Strategy, config: ml_collections.ConfigDict) -> int:
+  """How many same-time arrivals make the strategy complete a round."""
+  section = config.get(strategy.name, ml_collections.ConfigDict())
+  for field in ("buffer_size", "window_size"):
+    if field in section:
+      return int(section[field])
+  if strategy.dispatch_mode == "sync":
+    return strategy.ctx.concurrency
+  return 1
+
+
+def profile(config: ml_collections.ConfigDict, *, repeats: int = 5,
+            calibration_sizes: Sequence[int] = CALIBRATION_SIZES, methods: Sequence[str] | None = None,
+            trace_dir: str | None = None) -> list[dict[str, Any]]:
+  """Every piece of the configured run, costed and timed: a list of rows (dicts).
+
+  `methods`: whose server step to profile (default: every registered method that applies).
+  `trace_dir`: also write a `jax.profiler` trace there (open it in TensorBoard or Perfetto).
+  """
+  trace = jax.profiler.trace(trace_dir) if trace_dir else contextlib.nullcontext()
+  with trace:
+    profiler = Profiler(config, repeats=repeats, trace=trace_dir is not None)
+    profiler.local_training()
+    profiler.sensitivity_pieces(calibration_sizes)
+    profiler.evaluation()
+    profiler.server_steps(methods)
+  rows = profiler.rows
+  step_ms = next(r["ms"] for r in rows if r["piece"] == "sgd_step")
+  update_ms = next(r["ms"] for r in rows if r["piece"] == "client_update")
+  for r in rows:
+    r["x_sgd_step"] = r["ms"] / step_ms
+    r["x_client_update"] = r["ms"] / update_ms
+  return rows
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+  """The rows as a fixed-width text table."""
+  header = f"{'piece':<28}{'size':>6}{'GFLOP':>10}{'GB':>9}{'temp MB':>10}{'ms':>10}{'x step':>8}{'x update':>9}"
+  lines = [header, "-" * len(header)]
+  for r in rows:
+    size = r.get("calibration", r.get("steps", r.get("arrivals", r.get("batch", ""))))
+    lines.append(f"{r['piece']:<28}{size!s:>6}{r['gflops']:>10.3f}{r['gbytes']:>9.3f}{r['temp_mb']:>10.1f}"
+                 f"{r['ms']:>10.1f}{r['x_sgd_step']:>8.2f}{r['x_client_update']:>9.3f}")
+  return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""`--mode=profile` and the Python profiler: every piece present, costs consistent with each other."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fedpsa_jax import config as config_lib
+from fedpsa_jax import profiling, strategies
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_launch_profile_writes_every_piece(tmp_path):
+  workdir = tmp_path / "prof"
+  proc = subprocess.run(
+      [sys.executable, "launch.py", "--config=configs/default.py", "--mode=profile", "--profile_repeats=2",
+       "--config.model.name=linear", f"--workdir={workdir}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = json.load(open(workdir / "profile.json"))
+  pieces = {(r["piece"], r.get("calibration")) for r in rows}
+  for size in profiling.CALIBRATION_SIZES:
+    for piece in ("fisher_per_sample", "fisher_factored", "sensitivity_eq8"):
+      assert (piece, size) in pieces
+  names = {r["piece"] for r in rows}
+  assert {"sgd_step", "client_update", "sketch", "evaluate", "client_sensitivity_sketch"} <= names
+  # FedPAC has no feature extractor on the linear model; every other method's server step is there.
+  for method in strategies.registered():
+    assert (f"server_step/{method}" in names) == (method != "fedpac"), method
+  for r in rows:
+    assert r["ms"] > 0, r
+    if not r["piece"].startswith("server_step/"):
+      assert r["gflops"] > 0, r
+  assert "client_update" in proc.stdout and "GFLOP" in proc.stdout
+
+
+def test_client_update_cost_is_steps_times_one_step():
+  c = config_lib.base_config()
+  c.model.name = "mnist_cnn"
+  profiler = profiling.Profiler(c, repeats=1)
+  profiler.local_training()
+  rows = {r["piece"]: r for r in profiler.rows}
+  steps = rows["client_update"]["steps"]
+  assert steps > 1
+  assert rows["client_update"]["gflops"] == pytest.approx(steps * rows["sgd_step"]["gflops"], rel=0.05)
+
+
+def test_loop_free_twin_counts_every_sample():
+  """XLA counts a loop body once; the factored Fisher's cost must grow with the calibration size."""
+  c = config_lib.base_config()
+  profiler = profiling.Profiler(c, repeats=1)
+  profiler.sensitivity_pieces((16, 64))
+  flops = {r["calibration"]: r["gflops"] for r in profiler.rows if r["piece"] == "fisher_factored"}
+  assert flops[64] == pytest.approx(4 * flops[16], rel=0.15)
