@@ -63,13 +63,16 @@ class FedBuff(Strategy):
   def init(self, params: Params) -> BufferState:
     return BufferState(params=params)
 
+  def staleness_weight(self, tau: jax.Array) -> jax.Array:
+    """s(τ) = (1 + τ)^(-1/2), FedBuff's staleness discount; override it to try another."""
+    return (1.0 + tau) ** -0.5
+
   def receive(self, state: BufferState, arrivals: Sequence[Arrival]) -> tuple[BufferState, bool]:
     deltas = state.deltas + tuple(a.delta for a in arrivals)
     staleness = state.staleness + tuple(a.staleness for a in arrivals)
     if len(deltas) < self.hparams.buffer_size:
       return state.replace(deltas=deltas, staleness=staleness), False
-    tau = jnp.asarray(staleness, jnp.float32)
-    weights = self.hparams.server_lr * (1.0 + tau) ** -0.5 / len(deltas)
+    weights = self.hparams.server_lr * self.staleness_weight(jnp.asarray(staleness, jnp.float32)) / len(deltas)
     params = apply_weighted(state.params, deltas, weights)
     return BufferState(params=params, last_weights=weights), True
 

@@ -1,0 +1,365 @@
+"""The notebook API: build a config in Python, run it, look at it, compare runs, explore step by step.
+
+Everything here is a thin layer over the same pieces the command line uses (`config.base_config`,
+config files' `get_config(arg)`, `sim.runner.Simulation`, the run directory of `io`), so a run made in a
+notebook and one made by `launch.py` leave the same files and the same numbers.
+
+  cfg = config_from("configs/default.py", {"sim.virtual_days": 0.05}, model="linear")
+  result = run(cfg)                      # RunResult: .history (DataFrame), .summary, .plot()
+  compare([result, run(config_from(cfg, method="fedbuff"))])
+  ex = simulate(cfg)                     # Explorer: .run_until(day), .params, .state, .diagnostics()
+  load_run("runs/x")                     # a finished run directory as a RunResult
+
+pandas is imported here (the histories are DataFrames); matplotlib only when something is plotted, so
+importing the API never picks a plotting backend.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+from typing import Any, Iterable, Mapping, Sequence
+
+import ml_collections
+import pandas as pd
+
+from fedpsa_jax import config as config_lib
+from fedpsa_jax import io, strategies
+from fedpsa_jax.sim import runner
+
+# Relative config paths that do not exist from the working directory are looked up from here, so that a
+# notebook in notebooks/ can say "configs/default.py" as the command line does from the repository root.
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# How io writes non-finite floats (str(value)); read back, they become floats again.
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+# --- configs -----------------------------------------------------------------------------------------
+
+
+def _load_config_file(spec: str) -> ml_collections.ConfigDict:
+  """'path/to/file.py[:arg]' -> that file's get_config(arg), as `--config=` reads it."""
+  path, _, arg = spec.partition(":")
+  if not os.path.exists(path) and not os.path.isabs(path):
+    candidate = os.path.join(PROJECT_ROOT, path)
+    if os.path.exists(candidate):
+      path = candidate
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"config file {path!r} not found (looked in {os.getcwd()!r} and {PROJECT_ROOT!r})")
+  module_spec = importlib.util.spec_from_file_location(f"_fedpsa_config_{abs(hash(path))}", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  if not hasattr(module, "get_config"):
+    raise ValueError(f"config file {path!r} has no get_config(arg) function")
+  return module.get_config(arg or None)
+
+
+def _set_field(c: ml_collections.ConfigDict, path: str, value: Any) -> None:
+  """Sets one dotted field, with the same rules as `config.apply_overrides` (unknown field: error)."""
+  node = c
+  *parents, leaf = path.split(".")
+  for part in parents:
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      raise ValueError(f"config field {path!r} does not exist")
+    node = node[part]
+  if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+    raise ValueError(f"config field {path!r} does not exist")
+  if isinstance(node[leaf], float) and isinstance(value, int) and not isinstance(value, bool):
+    value = float(value)  # `virtual_days=1` should not fail ConfigDict's type check on a float field
+  node[leaf] = value
+
+
+def _add_missing_sections(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Gives every registered strategy its default section if `c` lacks it.
+
+  base_config() builds one section per strategy registered *when it is called*; a strategy registered
+  later (in a notebook) would otherwise meet a config without its hyperparameters.
+  """
+  for name, cls in strategies.registered().items():
+    if name not in c:
+      with c.unlocked():
+        c[name] = cls.default_config()
+  return c
+
+
+def config_from(source: str | ml_collections.ConfigDict | None = None,
+                overrides: Mapping[str, Any] | str | None = None, /,
+                **fields: Any) -> ml_collections.ConfigDict:
+  """A run config built in Python: a starting point, then overrides.
+
+  `source`: None for `base_config()` (every field's default); a config file as on the command line,
+  `'configs/default.py'` or `'configs/default.py:method=fedbuff,alpha=0.5'` (relative paths are tried
+  from the working directory, then from the repository root); or an existing ConfigDict, which is
+  copied, never changed.
+  `overrides`: a dict of dotted fields (`{'sim.virtual_days': 0.05}`) or a `'key=value,...'` string as
+  after the colon of a config file. `**fields`: more overrides as keywords, `__` standing for a dot
+  (`sim__virtual_days=0.05`). The short names of `config.OVERRIDE_ALIASES` work everywhere (`alpha`,
+  `dataset`, `model`, `num_clients`, `virtual_days`, `concurrency`).
+
+  An unknown field raises ValueError at once; values are validated when the config is run.
+  """
+  if source is None:
+    c = config_lib.base_config()
+  elif isinstance(source, ml_collections.ConfigDict):
+    c = copy.deepcopy(source)  # variants never alias their parent
+  else:
+    c = _load_config_file(source)
+  _add_missing_sections(c)
+  if isinstance(overrides, str):
+    overrides = config_lib.parse_overrides(overrides)
+  items = dict(overrides or {})
+  items.update({key.replace("__", "."): value for key, value in fields.items()})
+  for key, value in items.items():
+    _set_field(c, config_lib.OVERRIDE_ALIASES.get(key, key), value)
+  return c
+
+
+def _prepared(config: ml_collections.ConfigDict, progress: bool) -> ml_collections.ConfigDict:
+  """A private copy of `config` for one run (the caller's object is never changed), with the progress
+  switch set and the sections of late-registered strategies added."""
+  c = _add_missing_sections(copy.deepcopy(config))
+  c.output.progress = bool(progress)
+  return c
+
+
+# --- histories ---------------------------------------------------------------------------------------
+
+
+def _restore_non_finite(value: Any) -> Any:
+  """io writes NaN/Inf as strings (JSON has none); turn them back into floats, inside lists too (κ)."""
+  if isinstance(value, str) and value in _NON_FINITE:
+    return _NON_FINITE[value]
+  if isinstance(value, list):
+    return [_restore_non_finite(v) for v in value]
+  return value
+
+
+def _normalised(record: dict) -> dict:
+  """A record exactly as it reads back from a JSON line, so in-memory and on-disk histories agree."""
+  return {k: _restore_non_finite(v) for k, v in json.loads(json.dumps(io._jsonable(record))).items()}
+
+
+# events.jsonl's line type and the runner's own columns first, in this order; then the strategy's
+# diagnostics, sorted by name (io writes JSON lines with sorted keys, so the order of a record in memory
+# cannot be read back from disk, and both must give the same frame).
+_LEADING_COLUMNS = ("type", "time", "day", "round", "client_updates", "test_accuracy", "test_loss", "lr",
+                    "wall_seconds", "train_seconds")
+
+
+def _frame(records: Iterable[dict]) -> pd.DataFrame:
+  frame = pd.DataFrame([_normalised(r) for r in records])
+  leading = [c for c in _LEADING_COLUMNS if c in frame.columns]
+  return frame[leading + sorted(c for c in frame.columns if c not in leading)]
+
+
+# --- results -----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RunResult:
+  """One run: its metrics history (one row per evaluation), its summary and where its files are.
+
+  `history` has the columns of metrics.jsonl (`time`, `day`, `round`, `client_updates`,
+  `test_accuracy`, `test_loss`, `lr`, `wall_seconds`, ... and the strategy's diagnostics such as
+  FedPSA's `temperature`, `kappa` and `weights`, the last two lists per row). `workdir` is None for a
+  run kept in memory only.
+  """
+
+  history: pd.DataFrame
+  summary: dict
+  config: ml_collections.ConfigDict | None = None
+  workdir: str | None = None
+  label: str = ""
+
+  def __post_init__(self):
+    if not self.label:
+      self.label = str(self.summary.get("method") or (self.config.method if self.config else "run"))
+
+  @property
+  def events(self) -> pd.DataFrame:
+    """events.jsonl as a DataFrame (one row per received update, `type='update'`, and one per round,
+    `type='round'`); empty unless the run had a workdir and `output.events=True`."""
+    if not self.workdir:
+      return pd.DataFrame()
+    return _frame(io.read_jsonl(os.path.join(self.workdir, "events.jsonl")))
+
+  def plot(self, ax: Any = None, x: str = "day", y: str = "test_accuracy", **kwargs: Any) -> Any:
+    """Draws `y` against `x` from the history (the learning curve by default) on `ax` (a new figure if
+    None), labelled with this run's label; returns the matplotlib Axes. `kwargs` go to `ax.plot`."""
+    return compare([self], x=x, y=y, ax=ax, **kwargs)
+
+  def __repr__(self) -> str:
+    s = self.summary
+    if s.get("final_test_accuracy") is None:
+      return f"RunResult({self.label!r}, {len(self.history)} evaluations, workdir={self.workdir!r})"
+    return (f"RunResult({self.label!r}: {s.get('status')}, final acc {s['final_test_accuracy']:.4f}, "
+            f"AULC {s.get('aulc', float('nan')):.4f} over {s.get('virtual_days', float('nan')):.3f} days, "
+            f"{s.get('rounds')} rounds, workdir={self.workdir!r})")
+
+
+def _result_of(sim: runner.Simulation, summary: dict, workdir: str | None, label: str | None) -> RunResult:
+  return RunResult(history=_frame(sim.history), summary=summary, config=sim.config, workdir=workdir,
+                   label=label or "")
+
+
+def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, progress: bool = True,
+        label: str | None = None) -> RunResult:
+  """Runs `config` to the end of its budget and returns its RunResult.
+
+  The config is validated first (a bad value raises ValueError naming the field) and copied, so the
+  caller's object is not changed. With a `workdir` the run leaves the same files as `launch.py`
+  (config.json, metrics.jsonl, summary.json, events.jsonl if `output.events`, checkpoints), and a
+  workdir that already holds a run of the same config continues it, as `launch.py` does; without one
+  the run stays in memory. `progress` shows a progress bar over virtual days (a widget in Jupyter).
+  `label` names the run in plots (default: the method).
+  """
+  sim = runner.Simulation(_prepared(config, progress), workdir)
+  summary = sim.run()
+  return _result_of(sim, summary, workdir, label)
+
+
+def load_run(workdir: str | os.PathLike, label: str | None = None) -> RunResult:
+  """A run directory written by `run(..., workdir)` or `launch.py` as a RunResult.
+
+  Reads metrics.jsonl (required), summary.json and config.json (empty / None when absent, e.g. for a
+  run that is still going or was killed before writing them).
+  """
+  metrics_path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(metrics_path):
+    raise FileNotFoundError(f"{workdir!r} is not a run directory: it has no metrics.jsonl")
+  summary_path, config_path = os.path.join(workdir, "summary.json"), os.path.join(workdir, "config.json")
+  summary = {}
+  if os.path.exists(summary_path):
+    with open(summary_path) as f:
+      summary = {k: _restore_non_finite(v) for k, v in json.load(f).items()}
+  config = None
+  if os.path.exists(config_path):
+    with open(config_path) as f:
+      config = ml_collections.ConfigDict(json.load(f))
+  return RunResult(history=_frame(io.read_jsonl(metrics_path)), summary=summary, config=config,
+                   workdir=os.fspath(workdir), label=label or "")
+
+
+RunLike = RunResult | str | os.PathLike  # a result, or a run directory to load
+
+
+def compare(results: Sequence[RunLike] | Mapping[str, RunLike], *, x: str = "day", y: str = "test_accuracy",
+            ax: Any = None, labels: Sequence[str] | None = None, title: str | None = None,
+            **kwargs: Any) -> Any:
+  """Draws `y` against `x` for several runs on one Axes, one labelled line each; returns the Axes.
+
+  `results`: RunResults or run directories (loaded with `load_run`), as a list (labels: each run's
+  label, i.e. its method unless given) or a dict {label: run}. `labels` overrides the labels of a
+  list. `ax`: the Axes to draw on (a new figure if None). `kwargs` go to every `ax.plot` call.
+  """
+  import matplotlib.pyplot as plt  # here, not at import: the API must not pick a backend by itself
+
+  if isinstance(results, Mapping):
+    labels, results = list(results.keys()), list(results.values())
+  runs = [load_run(r) if isinstance(r, (str, os.PathLike)) else r for r in results]
+  if labels is not None and len(labels) != len(runs):
+    raise ValueError(f"labels has {len(labels)} entries for {len(runs)} runs")
+  if ax is None:
+    _, ax = plt.subplots(figsize=(6, 4))
+  for i, r in enumerate(runs):
+    for column in (x, y):
+      if column not in r.history:
+        raise ValueError(f"run {r.label!r} has no column {column!r}; it has: {list(r.history.columns)}")
+    ax.plot(r.history[x], r.history[y], label=labels[i] if labels is not None else r.label, **kwargs)
+  ax.set_xlabel("virtual day" if x == "day" else x.replace("_", " "))
+  ax.set_ylabel(y.replace("_", " "))
+  if title:
+    ax.set_title(title)
+  ax.grid(True, alpha=0.3)
+  ax.legend()
+  return ax
+
+
+# --- step-wise exploration ---------------------------------------------------------------------------
+
+
+class Explorer:
+  """A run that a notebook advances step by step (built by `simulate`).
+
+  `run_until(day)` moves the virtual clock (evaluating when due, as a full run would); in between, the
+  current global parameters (`params`), the strategy's server state (`state`), its diagnostics (for
+  FedPSA the last flush's κ and weights and the thermometer's temperature) and the history so far can
+  be read. `finish()` runs to the end of the budget and returns the RunResult; the numbers equal those
+  of `run(config)`, since both drive the same `Simulation`.
+  """
+
+  def __init__(self, simulation: runner.Simulation, workdir: str | None = None, label: str | None = None):
+    self.simulation = simulation
+    self.workdir = workdir
+    self.label = label
+    self.result: RunResult | None = None  # set by finish()
+
+  @property
+  def strategy(self) -> strategies.Strategy:
+    """The strategy object of this run (its hooks: `diagnostics`, `client_finish`, `eval_params`...)."""
+    return self.simulation.strategy
+
+  @property
+  def state(self) -> Any:
+    """The strategy's current server state (a pytree; e.g. FedPSA's temperature, queue, last_kappas)."""
+    return self.simulation.state
+
+  @property
+  def params(self) -> Any:
+    """The global parameters the test set is evaluated on now (`strategy.eval_params(state)`)."""
+    return self.simulation.strategy.eval_params(self.simulation.state)
+
+  @property
+  def day(self) -> float:
+    """The current virtual time in days."""
+    return self.simulation.now / config_lib.UNITS_PER_DAY
+
+  @property
+  def round(self) -> int:
+    """The number of global-model changes (aggregations) so far."""
+    return self.simulation.round
+
+  @property
+  def history(self) -> pd.DataFrame:
+    """The evaluations so far, one row each (the columns of metrics.jsonl)."""
+    return _frame(self.simulation.history)
+
+  def run_until(self, day: float) -> "Explorer":
+    """Advances virtual time to `day` (capped at the budget), evaluating when due; returns self, so
+    that a notebook cell shows where the run stands."""
+    self.simulation.run_until(day)
+    return self
+
+  def diagnostics(self) -> dict[str, Any]:
+    """The strategy's diagnostics of the current state (FedPSA: `temperature`, `thermometer_ready` and,
+    after the first flush, the `kappa` and `weights` of the last flush)."""
+    return self.simulation.strategy.diagnostics(self.simulation.state)
+
+  def evaluate(self) -> dict[str, float]:
+    """Test accuracy and loss of the current global parameters, now (not logged in the history)."""
+    return self.simulation.evaluate(self.params)
+
+  def finish(self) -> RunResult:
+    """Runs to the end of the budget, writes summary.json (with a workdir) and returns the RunResult."""
+    if self.result is None:
+      summary = self.simulation.run()
+      self.result = _result_of(self.simulation, summary, self.workdir, self.label)
+    return self.result
+
+  def __repr__(self) -> str:
+    last = self.simulation.history[-1] if self.simulation.history else {}
+    acc = f", test acc {last['test_accuracy']:.4f} at day {last['day']:.4f}" if last else ""
+    return (f"Explorer({self.simulation.config.method!r}: day {self.day:.4f} of "
+            f"{self.simulation.budget / config_lib.UNITS_PER_DAY:.4f}, round {self.round}{acc})")
+
+
+def simulate(config: ml_collections.ConfigDict, workdir: str | None = None, *, progress: bool = True,
+             label: str | None = None) -> Explorer:
+  """Builds a run of `config` without running it: an Explorer to advance with `run_until(day)` and
+  inspect in between. Validation, copying, `workdir` and `progress` as in `run`."""
+  return Explorer(runner.Simulation(_prepared(config, progress), workdir), workdir, label)
