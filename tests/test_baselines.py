@@ -17,6 +17,7 @@ from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, local
 from fedpsa_jax.models import TinyMLP
 from fedpsa_jax.sim import runner
+from helpers import small_config
 from fedpsa_jax.strategies import Arrival, ClientJob, StrategyContext
 from fedpsa_jax.strategies.ca2fl import CA2FL
 from fedpsa_jax.strategies.fedfa import FedFa
@@ -396,22 +397,6 @@ def test_paper_configs_select_the_baselines(method):
 
 
 # --- end to end -------------------------------------------------------------------------------------
-
-
-def small_config(method: str, model: str = "linear", days: float = 0.03):
-  c = config_lib.base_config()
-  c.method = method
-  c.data.name = "mnist_5k"
-  c.model.name = model
-  c.partition.num_clients = 20
-  c.partition.alpha = 1.0  # mild heterogeneity: these tests check the pipeline, not robustness
-  c.sim.concurrency = 0.5
-  c.local.epochs = 1
-  c.local.lr = 0.05
-  c.sim.virtual_days = days
-  c.eval.every_days = 0.005
-  c.output.progress = False
-  return c
 
 
 # FedPAC runs twice the budget: with λ = 1 on TinyMLP's 16 features the alignment term slows early

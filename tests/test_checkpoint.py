@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import set_fields
 from fedpsa_jax import checkpoint, io, strategies
 from fedpsa_jax.data import sources
 from fedpsa_jax.sim import runner
@@ -184,13 +185,7 @@ def launch_config(method: str):
   from configs import default
   c = default.get_config()
   c.method = method
-  for path, value in LAUNCH_OVERRIDES.items():
-    node = c
-    *parents, leaf = path.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return set_fields(c, LAUNCH_OVERRIDES)
 
 
 @pytest.fixture(scope="module")

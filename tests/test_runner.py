@@ -11,28 +11,7 @@ import pytest
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, metrics
 from fedpsa_jax.sim import runner
-
-
-def small_config(method: str, model: str = "linear", days: float = 0.03, **extra):
-  c = config_lib.base_config()
-  c.method = method
-  c.data.name = "mnist_5k"
-  c.model.name = model
-  c.partition.num_clients = 20
-  c.partition.alpha = 1.0  # mild heterogeneity: these tests check the pipeline, not robustness
-  c.sim.concurrency = 0.5
-  c.local.epochs = 1
-  c.local.lr = 0.05
-  c.sim.virtual_days = days
-  c.eval.every_days = 0.005
-  c.output.progress = False
-  for path, value in extra.items():
-    node = c
-    *parents, leaf = path.split("__")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+from helpers import small_config
 
 
 @pytest.mark.parametrize("method", ["fedpsa", "fedbuff", "fedasync", "fedavg"])
