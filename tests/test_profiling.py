@@ -34,7 +34,7 @@ def test_launch_profile_writes_every_piece(tmp_path):
     assert (f"server_step/{method}" in names) == (method != "fedpac"), method
   for r in rows:
     assert r["ms"] > 0, r
-    if not r["piece"].startswith("server_step/"):
+    if r["piece"] != "server_step/fedpac":  # FedPAC's QP runs on the host (scipy): timed, not traced
       assert r["gflops"] > 0, r
   assert "client_update" in proc.stdout and "GFLOP" in proc.stdout
 
