@@ -17,6 +17,7 @@ the timed calls run inside `jax.profiler.trace` with one named `TraceAnnotation`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import statistics
 import time
@@ -183,8 +184,16 @@ class Profiler:
             params_start=start, delta=jax.tree.map(jnp.subtract, end, start),
             payload=strategy.client_payload(start, end, job)))
       call = lambda: strategy.receive(state, arrivals)[0]
-      try:  # the arrivals are closed over (constants): Arrival is a plain record, not a pytree
-        cost = compiled_cost(lambda s: strategy.receive(s, arrivals)[0], state)
+
+      def traced_step(s, starts, deltas, payloads, arrivals=arrivals, strategy=strategy):
+        # The arrivals' arrays are arguments: closed over as constants, XLA would fold the work.
+        rebuilt = [dataclasses.replace(a, params_start=st, delta=d, payload=p)
+                   for a, st, d, p in zip(arrivals, starts, deltas, payloads)]
+        return strategy.receive(s, rebuilt)[0]
+
+      try:
+        cost = compiled_cost(traced_step, state, [a.params_start for a in arrivals], [a.delta for a in arrivals],
+                             [a.payload for a in arrivals])
       except (jax.errors.JAXTypeError, jax.errors.ConcretizationTypeError, TypeError):
         # host logic (FedPAC's scipy QP) cannot be traced: timed only
         cost = {"flops": float("nan"), "bytes": float("nan"), "temp_bytes": float("nan")}
