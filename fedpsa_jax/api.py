@@ -301,7 +301,7 @@ class Explorer:
 
   @property
   def strategy(self) -> strategies.Strategy:
-    """The strategy object of this run (its hooks: `diagnostics`, `client_finish`, `eval_params`...)."""
+    """The strategy object of this run (its hooks: `diagnostics`, `client_payload`, `eval_params`...)."""
     return self.simulation.strategy
 
   @property

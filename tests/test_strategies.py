@@ -324,14 +324,14 @@ def test_fedpsa_changed_only_at_flush_and_state_after_flush():
   assert np.linalg.norm(expected_sketch - before) > 1e-3 * np.linalg.norm(before)
 
 
-def test_fedpsa_client_finish_is_sensitivity_sketch_of_trained_params():
+def test_fedpsa_client_payload_is_sensitivity_sketch_of_trained_params():
   strategy, state = _fedpsa()
   rng = np.random.default_rng(6)
   start = PARAMS0
   end = jax.tree.map(lambda a, b: a + b, PARAMS0, _random_like(PARAMS0, rng, 0.5))
   x, y = _calibration()
   R = _projection(0, sensitivity.num_params(PARAMS0))
-  np.testing.assert_allclose(np.asarray(strategy.client_finish(start, end)),
+  np.testing.assert_allclose(np.asarray(strategy.client_payload(start, end)),
                              R @ _hand_sensitivity_flat(end, x, y), rtol=1e-3, atol=1e-6)
   np.testing.assert_allclose(np.asarray(state.global_sketch), R @ _hand_sensitivity_flat(PARAMS0, x, y),
                              rtol=1e-3, atol=1e-6)
@@ -402,12 +402,12 @@ def test_fedpsa_no_sensitivity_sketches_raw_params(no_temperature):
   R = _projection(seed, sensitivity.num_params(PARAMS0))
   rng = np.random.default_rng(10)
   end = jax.tree.map(lambda a, b: a + b, PARAMS0, _random_like(PARAMS0, rng, 0.5))
-  np.testing.assert_allclose(np.asarray(strategy.client_finish(PARAMS0, end)), R @ _flat(_np_tree(end)),
+  np.testing.assert_allclose(np.asarray(strategy.client_payload(PARAMS0, end)), R @ _flat(_np_tree(end)),
                              rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(np.asarray(state.global_sketch), R @ _flat(_np_tree(PARAMS0)), rtol=1e-4, atol=1e-5)
   # κ from these sketches drives the flush; after it the global sketch is R θ_new.
   g = R @ _flat(_np_tree(PARAMS0))
-  p = [np.asarray(strategy.client_finish(PARAMS0, end)), -g]
+  p = [np.asarray(strategy.client_payload(PARAMS0, end)), -g]
   deltas = [_random_like(PARAMS0, rng, 0.1), _random_like(PARAMS0, rng, 0.1)]
   w = _np_tree(state.params)
   state, _ = strategy.receive(state, [_arrival(0, deltas[0], jnp.asarray(p[0]))])
@@ -428,8 +428,8 @@ def test_fedpsa_sensitivity_sketch_differs_from_param_sketch():
   # The default mode must not silently sketch raw parameters (the ablation switch must matter).
   s_default, _ = _fedpsa(no_sensitivity=False)
   s_ablate, _ = _fedpsa(no_sensitivity=True)
-  a = np.asarray(s_default.client_finish(PARAMS0, PARAMS0))
-  b = np.asarray(s_ablate.client_finish(PARAMS0, PARAMS0))
+  a = np.asarray(s_default.client_payload(PARAMS0, PARAMS0))
+  b = np.asarray(s_ablate.client_payload(PARAMS0, PARAMS0))
   assert abs(_cos(a, b)) < 0.99
 
 

@@ -16,10 +16,9 @@ the event heap or the dataset; the runner never looks inside its state. The runn
   samples of a padded batch; `aux` is the job's `client_aux`); `regularizer` is still added to it.
   Both must be the same object for the strategy's whole life (build them once in `__init__`): the
   local trainer is a static jit argument, so a new function object would recompile every chunk;
-- `client_finish(params_start, params_end)`: the client-side payload sent beside Δ (FedPSA's sketch);
-  `client_payload(params_start, params_end, job)` is the general form, for payloads that need the
-  client's own data or the job's aux (`ClientJob`; FedPAC's feature statistics and prototypes). Its
-  default returns `client_finish(params_start, params_end)`, so a strategy overrides one or the other;
+- `client_payload(params_start, params_end, job)`: the client-side payload sent beside Δ (FedPSA's
+  sketch; FedPAC's feature statistics and prototypes, which need the client's data and the job's aux,
+  both in `ClientJob`; `job` may be None for payloads that need neither);
 - `receive(state, arrivals) -> (state, changed)`: all arrivals of one event time; `changed` says that
   a round happened, the only thing the host loop must know;
 - `eval_params(state)`: what the test set is evaluated on;
@@ -89,7 +88,7 @@ class Arrival:
   dispatch_round: int
   params_start: Params  # the parameters the client was dispatched with
   delta: Params  # Δ = w_i(after local training) − params_start
-  payload: Any  # whatever `client_finish` returned
+  payload: Any  # whatever `client_payload` returned
 
 
 class Strategy:
@@ -138,15 +137,10 @@ class Strategy:
     """The local loss of one batch, replacing the default masked-mean cross-entropy (None: default)."""
     return None
 
-  def client_finish(self, params_start: Params, params_end: Params) -> Any:
-    del params_start, params_end
+  def client_payload(self, params_start: Params, params_end: Params, job: ClientJob | None = None) -> Any:
+    """The payload a client sends beside Δ (computed on the client, jitted by the strategy); `()`."""
+    del params_start, params_end, job
     return ()
-
-  def client_payload(self, params_start: Params, params_end: Params, job: ClientJob) -> Any:
-    """The payload sent beside Δ when it needs the client's data or the job's aux; by default
-    `client_finish(params_start, params_end)`."""
-    del job
-    return self.client_finish(params_start, params_end)
 
   def receive(self, state: State, arrivals: Sequence[Arrival]) -> tuple[State, bool]:
     raise NotImplementedError

@@ -118,9 +118,9 @@ class FedPSA(Strategy):
     return FedPSAState(params=params, global_sketch=self._sketch_fn(params), queue=jnp.zeros((q,), jnp.float32),
                        m0=jnp.float32(0.0), temperature=jnp.float32(self.hparams.gamma + self.hparams.delta))
 
-  def client_finish(self, params_start: Params, params_end: Params) -> jax.Array:
+  def client_payload(self, params_start: Params, params_end: Params, job=None) -> jax.Array:
     """The client's sketch s̃_i = R s(θ_i) at its trained parameters (Algorithm 1, lines 9-10)."""
-    del params_start
+    del params_start, job
     return self._sketch_fn(params_end)
 
   def receive(self, state: FedPSAState, arrivals: Sequence[Arrival]) -> tuple[FedPSAState, bool]:
