@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -106,3 +107,19 @@ def test_failed_run_keeps_metrics_and_writes_summary(tmp_path, monkeypatch):
     sim.run()
   assert json.load(open(tmp_path / "summary.json"))["status"] == "failed"
   assert len(io.read_jsonl(str(tmp_path / "metrics.jsonl"))) >= 1
+
+
+@pytest.mark.parametrize("method", ["fedbuff", "fedpsa"])
+def test_summary_accounts_bytes_and_compute(method):
+  """Every update uploads Δ (the model's size) plus the payload; every dispatch downloads the model."""
+  sim = runner.Simulation(small_config(method, days=0.01))
+  summary = sim.run()
+  model_bytes = sum(x.size * 4 for x in jax.tree.leaves(sim.state.params))  # float32 parameters
+  extra = 0 if method == "fedbuff" else 4 * sim.config.sensitivity.sketch_dim  # FedPSA: the float32 sketch
+  assert summary["client_updates"] > 0
+  assert summary["bytes_uploaded"] == summary["client_updates"] * summary["upload_bytes_per_update"]
+  assert summary["upload_bytes_per_update"] == model_bytes + extra
+  # Downloads: one model per dispatch, and every received update was dispatched (some still in flight).
+  assert summary["bytes_downloaded"] % model_bytes == 0
+  assert summary["bytes_downloaded"] // model_bytes >= summary["client_updates"]
+  assert summary["server_compute_seconds"] > 0 and summary["client_compute_seconds"] > 0

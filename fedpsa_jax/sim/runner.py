@@ -46,7 +46,8 @@ from fedpsa_jax.sim.scheduler import Dispatch, Scheduler
 
 Params = Any
 _log = logging.getLogger(__name__)
-TIMING_FIELDS = ("wall_seconds", "train_seconds", "client_updates_per_second")  # differ between runs
+TIMING_FIELDS = ("wall_seconds", "train_seconds", "client_updates_per_second", "client_compute_seconds",
+                 "server_compute_seconds")  # differ between runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +158,10 @@ class Simulation:
     self.now = 0
     self.round = 0
     self.client_updates = 0
+    # Accounting (paper Fig. 5): bytes each way and server compute; client compute is train_seconds.
+    self.bytes_uploaded = 0
+    self.bytes_downloaded = 0
+    self.server_seconds = 0.0
     self.next_eval = 0
     self.history: list[dict] = []
     self.status = "running"
@@ -224,6 +229,7 @@ class Simulation:
                   self.strategy.client_aux(self.state, d.client))
         self.jobs[d.job_id] = job
         self.executor.submit(job)
+        self.bytes_downloaded += self.strategy.download_bytes(job.params_start, job.aux)
       return
     _, arrived = self.scheduler.pop_arrivals()
     jobs = [self.jobs.pop(job_id) for _, job_id in arrived]
@@ -235,8 +241,12 @@ class Simulation:
           client=client, num_samples=int(self.fed.client_sizes[client]),
           staleness=self.round - job.dispatch_round, dispatch_round=job.dispatch_round,
           params_start=job.params_start, delta=delta, payload=payload))
+    start = time.perf_counter()
     self.state, changed = self.strategy.receive(self.state, arrivals)
+    jax.block_until_ready(self.state)  # (the server step's own time; the next job needs the state anyway)
+    self.server_seconds += time.perf_counter() - start
     self.client_updates += len(arrivals)
+    self.bytes_uploaded += sum(self.strategy.upload_bytes(a) for a in arrivals)
     if self.rundir and self.config.output.events:
       self._log_events(jobs, arrivals, changed)
     if changed:
@@ -297,6 +307,14 @@ class Simulation:
         "client_updates": self.client_updates, "wall_seconds": wall,
         "train_seconds": self.executor.train_seconds,
         "client_updates_per_second": self.client_updates / wall if wall > 0 else 0.0,
+        # Accounting: client compute = local training plus client payloads (train_seconds);
+        # server compute = the strategy's receive steps; bytes as the strategy counts them.
+        "client_compute_seconds": self.executor.train_seconds,
+        "server_compute_seconds": self.server_seconds,
+        "bytes_uploaded": self.bytes_uploaded, "bytes_downloaded": self.bytes_downloaded,
+        "upload_bytes_per_update": self.bytes_uploaded / self.client_updates if self.client_updates else 0.0,
+        "download_bytes_per_update": (self.bytes_downloaded / self.client_updates
+                                      if self.client_updates else 0.0),
         "diverged_at": self.diverged_at if self.status == "diverged" else None,
     }
 
@@ -346,7 +364,8 @@ class Simulation:
         "loop": {"now": self.now, "round": self.round, "client_updates": self.client_updates,
                  "next_eval": self.next_eval, "status": self.status, "diverged_at": self.diverged_at,
                  "wall_seconds": time.perf_counter() - self.wall_start,
-                 "train_seconds": self.executor.train_seconds,
+                 "train_seconds": self.executor.train_seconds, "server_seconds": self.server_seconds,
+                 "bytes_uploaded": self.bytes_uploaded, "bytes_downloaded": self.bytes_downloaded,
                  "metrics_lines": len(self.history), "metrics_bytes": self.rundir.size("metrics.jsonl"),
                  "events_bytes": self.rundir.size("events.jsonl")},
         "scheduler": self.scheduler.state_dict(),
@@ -383,6 +402,8 @@ class Simulation:
       self.jobs[job.dispatch.job_id] = job
       self.executor.submit(job)
     self.executor.train_seconds = loop["train_seconds"]
+    self.server_seconds = loop.get("server_seconds", 0.0)
+    self.bytes_uploaded, self.bytes_downloaded = loop.get("bytes_uploaded", 0), loop.get("bytes_downloaded", 0)
     self.now, self.round, self.client_updates = loop["now"], loop["round"], loop["client_updates"]
     self.next_eval, self.status, self.diverged_at = loop["next_eval"], loop["status"], loop["diverged_at"]
     if self.status == "completed" and self.now < self.budget:

@@ -10,7 +10,7 @@ import importlib
 import pkgutil
 
 from fedpsa_jax.strategies.base import (Arrival, ClientJob, LocalLoss, Strategy, StrategyContext, get_strategy, register,
-                                        registered)
+                                        registered, tree_bytes)
 
 _LOADED = False
 
@@ -27,4 +27,4 @@ def load_all() -> None:
 
 
 __all__ = ["Arrival", "ClientJob", "LocalLoss", "Strategy", "StrategyContext", "get_strategy", "load_all", "register",
-           "registered"]
+           "registered", "tree_bytes"]

@@ -24,7 +24,9 @@ the event heap or the dataset; the runner never looks inside its state. The runn
 - `eval_params(state)`: what the test set is evaluated on;
 - `diagnostics(state)` / `event_records(state, arrivals)`: scalars for metrics.jsonl and events.jsonl,
   pulled to the host only when they are written;
-- `payload_bytes(payload)`: communication accounting of the extras;
+- `payload_bytes(payload)`, `upload_bytes(arrival)`, `download_bytes(params, aux)`: communication
+  accounting. By default an upload is Δ plus the payload and a download is the dispatched parameters
+  plus the aux; a method that sends less (AiFed's partial uploads) overrides them;
 - `save_state(state)` / `restore_state(fresh, saved)`: what a checkpoint stores of the state and how
   it is put back. The default stores the state as it is: `fedpsa_jax.checkpoint` handles any tree of
   dicts, tuples, lists, dataclasses (host fields included), scalars and arrays, so a strategy
@@ -169,7 +171,22 @@ class Strategy:
     return saved
 
   def payload_bytes(self, payload: Any) -> int:
-    return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(payload))
+    """Bytes of the extras a client sends beside Δ (sketch, statistics, masks, scalars)."""
+    return tree_bytes(payload)
+
+  def upload_bytes(self, arrival: Arrival) -> int:
+    """Bytes one client update sends to the server: the full Δ plus the payload."""
+    return tree_bytes(arrival.delta) + self.payload_bytes(arrival.payload)
+
+  def download_bytes(self, params: Params, aux: Any) -> int:
+    """Bytes the server sends a dispatched client: its starting parameters plus the aux."""
+    return tree_bytes(params) + tree_bytes(aux)
+
+
+def tree_bytes(tree: Any) -> int:
+  """Size in bytes of a pytree of arrays, read from shapes and dtypes (no device work, no sync)."""
+  return sum(x.size * x.dtype.itemsize if hasattr(x, "dtype") else np.asarray(x).nbytes
+             for x in jax.tree.leaves(tree))
 
 
 def register(name: str) -> Callable[[type[Strategy]], type[Strategy]]:
