@@ -123,3 +123,15 @@ def test_summary_accounts_bytes_and_compute(method):
   assert summary["bytes_downloaded"] % model_bytes == 0
   assert summary["bytes_downloaded"] // model_bytes >= summary["client_updates"]
   assert summary["server_compute_seconds"] > 0 and summary["client_compute_seconds"] > 0
+
+
+def test_time_to_target_is_the_first_evaluation_reaching_it():
+  sim = runner.Simulation(small_config("fedbuff", days=0.01, eval__target_accuracy=0.5))
+  summary = sim.run()
+  first = next(r for r in sim.history if r["test_accuracy"] >= 0.5)
+  assert all(r["test_accuracy"] < 0.5 for r in sim.history if r["time"] < first["time"])
+  assert summary["day_to_target"] == first["day"] and summary["round_to_target"] == first["round"]
+  assert summary["client_updates_to_target"] == first["client_updates"] > 0
+  assert 0 < summary["bytes_uploaded_to_target"] <= summary["bytes_uploaded"]
+  sim = runner.Simulation(small_config("fedbuff", days=0.002, eval__target_accuracy=0.999))
+  assert sim.run()["day_to_target"] is None

@@ -240,7 +240,7 @@ class Simulation:
       arrivals.append(strategies.Arrival(
           client=client, num_samples=int(self.fed.client_sizes[client]),
           staleness=self.round - job.dispatch_round, dispatch_round=job.dispatch_round,
-          params_start=job.params_start, delta=delta, payload=payload))
+          params_start=job.params_start, delta=delta, payload=payload, arrival_time=t))
     start = time.perf_counter()
     self.state, changed = self.strategy.receive(self.state, arrivals)
     jax.block_until_ready(self.state)  # (the server step's own time; the next job needs the state anyway)
@@ -263,6 +263,7 @@ class Simulation:
     params = self.strategy.eval_params(self.state)
     record = {"time": t, "day": t / config_lib.UNITS_PER_DAY, "round": self.round,
               "client_updates": self.client_updates, **self.evaluate(params), "lr": self.lr,
+              "bytes_uploaded": self.bytes_uploaded, "bytes_downloaded": self.bytes_downloaded,
               "wall_seconds": time.perf_counter() - self.wall_start,
               "train_seconds": self.executor.train_seconds,
               **self.strategy.diagnostics(self.state)}
@@ -316,7 +317,18 @@ class Simulation:
         "download_bytes_per_update": (self.bytes_downloaded / self.client_updates
                                       if self.client_updates else 0.0),
         "diverged_at": self.diverged_at if self.status == "diverged" else None,
+        **self._to_target(),
     }
+
+  def _to_target(self) -> dict:
+    """The first evaluation at or above `eval.target_accuracy` (time-to-accuracy; None if never reached)."""
+    target = self.config.eval.target_accuracy
+    if not target:
+      return {}
+    hit = next((r for r in self.history if r["test_accuracy"] >= target), None)
+    return {"target_accuracy": target,
+            **{f"{k}_to_target": hit[k] if hit else None
+               for k in ("day", "time", "round", "client_updates", "bytes_uploaded")}}
 
   def finish(self) -> dict:
     """Evaluates at the end of the budget (if not done), writes summary.json, closes the outputs."""

@@ -91,6 +91,7 @@ class Arrival:
   params_start: Params  # the parameters the client was dispatched with
   delta: Params  # Δ = w_i(after local training) − params_start
   payload: Any  # whatever `client_payload` returned
+  arrival_time: int = 0  # virtual time of arrival (for methods with timers or time decay, e.g. AiFed, CASA)
 
 
 class Strategy:
