@@ -18,6 +18,7 @@ from fedpsa_jax.data.partition import PARTITIONERS
 from fedpsa_jax.data.sources import DATASETS, TEST_SPLITS
 from fedpsa_jax.models import MODELS
 from fedpsa_jax.sensitivity import FISHER_METHODS
+from fedpsa_jax.sim.executor import EXECUTIONS
 
 UNITS_PER_DAY = 86_400  # FLGo's virtual day, in atomic time units
 LATENCY_DISTRIBUTIONS = ("uniform", "long_tail")
@@ -64,6 +65,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.local.lr_decay = 0.999  # lr_r = lr * lr_decay**r, r the global round at dispatch
   c.local.loop = "auto"  # unrolled: chunks of unrolled steps (fast on CPU); rolled: one fori_loop (GPU)
   c.local.max_unroll = 16  # unrolled loop: at most this many steps per compiled chunk
+  # How pending client updates run (fedpsa_jax/sim/executor.py): loop (one after another), vmap (buckets
+  # of similar step counts in one vmapped call), sharded (vmap split over all local devices), auto
+  # (the fastest measured for the platform: loop on CPU, vmap/sharded on GPU).
+  c.local.execution = "auto"
 
   c.sim = ml_collections.ConfigDict()
   c.sim.virtual_days = 10.0  # the virtual-time budget in days (86,400 units each)
@@ -167,6 +172,7 @@ def config_errors(c: ml_collections.ConfigDict) -> list[str]:
   check(_is_number(c.local.lr) and c.local.lr > 0, "local.lr", "a number > 0")
   check(_is_number(c.local.lr_decay) and 0 < c.local.lr_decay <= 1, "local.lr_decay", "a number in (0, 1]")
   one_of("local.loop", LOCAL_LOOPS)
+  one_of("local.execution", EXECUTIONS)
   check(_is_int(c.local.max_unroll) and c.local.max_unroll >= 1, "local.max_unroll", "an integer >= 1")
   check(_is_number(c.sim.virtual_days) and c.sim.virtual_days > 0, "sim.virtual_days", "a number > 0")
   check(_is_number(c.sim.concurrency) and 0 < c.sim.concurrency <= 1, "sim.concurrency",

@@ -74,7 +74,7 @@ class LocalTrainer:
   def sgd_step(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, t, aux=()):
     """Step t of the client's schedule (a no-op once t >= its own step count)."""
     b = self.batch_size
-    steps_per_epoch = (num_samples + b - 1) // b
+    steps_per_epoch = jnp.maximum((num_samples + b - 1) // b, 1)  # (>= 1: a 0-sample padding job is inert)
     epoch = jnp.minimum(t // steps_per_epoch, self.epochs - 1)
     slot = (t % steps_per_epoch) * b + jnp.arange(b)
     mask = (slot < num_samples).astype(jnp.float32)
@@ -92,9 +92,9 @@ class LocalTrainer:
       return loss
 
     grads = jax.grad(loss_fn)(params)
-    active = t < self.epochs * steps_per_epoch
-    step_lr = jnp.where(active, lr, 0.0)
-    return jax.tree.map(lambda p, g: p - step_lr.astype(p.dtype) * g, params, grads)
+    active = (t < self.epochs * steps_per_epoch) & (num_samples > 0)
+    # `where`, not lr = 0: a masked step must leave the parameters untouched even if its gradient is inf.
+    return jax.tree.map(lambda p, g: jnp.where(active, p - lr.astype(p.dtype) * g, p), params, grads)
 
   def run_steps(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, t0, count, aux=()):
     """`count` consecutive steps from t0, unrolled (count static) or rolled (count traced)."""
@@ -140,7 +140,52 @@ class LocalTrainer:
     return params
 
 
+  def train_batch(self, params: Params, x_all: jax.Array, y_all: jax.Array, index_rows: jax.Array,
+                  num_samples: jax.Array, lr: jax.Array, keys: jax.Array, total_steps: int, aux: Any = (),
+                  mesh: jax.sharding.Mesh | None = None) -> Params:
+    """J client updates at once: every argument but x_all/y_all has a leading client axis of size J.
+
+    Each client runs `total_steps` steps (a host int, at least every client's own step count); steps
+    past a client's own count are masked no-ops, so client j's result equals `train` on its slice up
+    to float reassociation. With `mesh` (one axis, 'clients'), the client axis is split over the
+    mesh's devices with `shard_map` (J must be a multiple of the device count); without it the J
+    clients are vmapped on the default device.
+    """
+    orders = _epoch_orders_batch(keys, num_samples, index_rows.shape[1], self.epochs)
+    if self.loop == "rolled":
+      return _run_batch(self, mesh, params, params, x_all, y_all, index_rows, orders, num_samples, lr,
+                        jnp.int32(0), jnp.int32(total_steps), None, aux)
+    t0 = 0
+    anchor = params
+    for count in self.chunk_sizes(total_steps):
+      params = _run_batch(self, mesh, params, anchor, x_all, y_all, index_rows, orders, num_samples, lr,
+                          jnp.int32(t0), None, count, aux)
+      t0 += count
+    return params
+
+
 _epoch_orders_jit = jax.jit(epoch_orders, static_argnums=(2, 3))
+_epoch_orders_batch = jax.jit(jax.vmap(epoch_orders, in_axes=(0, 0, None, None)), static_argnums=(2, 3))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 12))
+def _run_batch(trainer, mesh, params, anchor, x_all, y_all, index_rows, orders, n, lr, t0, total, count, aux=()):
+  """`count` unrolled steps (or `total` rolled steps) of J clients, vmapped, optionally sharded over `mesh`."""
+
+  def clients(params, anchor, x_all, y_all, index_rows, orders, n, lr, t0, total, aux):
+    def one(params, anchor, index_row, orders, n, lr, aux):
+      steps = total if count is None else count
+      return trainer.run_steps(params, anchor, x_all, y_all, index_row, orders, n, lr, t0, steps, aux)
+
+    return jax.vmap(one)(params, anchor, index_rows, orders, n, lr, aux)
+
+  args = (params, anchor, x_all, y_all, index_rows, orders, n, lr, t0, total, aux)
+  if mesh is None:
+    return clients(*args)
+  split, whole = jax.sharding.PartitionSpec("clients"), jax.sharding.PartitionSpec()
+  # The data and the step counters are replicated on every device; every per-client argument is split.
+  specs = (split, split, whole, whole, split, split, split, split, whole, whole, split)
+  return jax.shard_map(clients, mesh=mesh, in_specs=specs, out_specs=split, check_vma=False)(*args)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 10))

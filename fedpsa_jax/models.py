@@ -17,10 +17,23 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 
+def max_pool_2x2(x: jnp.ndarray) -> jnp.ndarray:
+  """2x2 max-pool, stride 2, as a reshape and a max when height and width are even.
+
+  Same values as `nn.max_pool(x, (2, 2), strides=(2, 2))`, but its gradient is an elementwise mask
+  instead of XLA's select-and-scatter, which on this 2-core CPU took 22 ms forward and backward on
+  the MNIST CNN's first pooling (B = 64) against 4 ms here: a quarter of a whole SGD step.
+  """
+  b, h, w, c = x.shape
+  if h % 2 or w % 2:
+    return nn.max_pool(x, (2, 2), strides=(2, 2))
+  return x.reshape(b, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
+
+
 def _conv_block(x: jnp.ndarray, features: int) -> jnp.ndarray:
   """5x5 SAME convolution, ReLU, 2x2 max-pool: the block both paper CNNs are built from."""
   x = nn.relu(nn.Conv(features, (5, 5), padding="SAME")(x))
-  return nn.max_pool(x, (2, 2), strides=(2, 2))
+  return max_pool_2x2(x)
 
 
 class MnistCNN(nn.Module):

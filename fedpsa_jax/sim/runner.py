@@ -36,68 +36,24 @@ import tqdm.auto as tqdm
 from fedpsa_jax import checkpoint as checkpoint_lib
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, local, metrics, seeding, strategies
+from fedpsa_jax.compiles import CompileCounter
 from fedpsa_jax.data.calibration import make_calibration_batch
 from fedpsa_jax.data.federated import FederatedData, build_federated_data
 from fedpsa_jax.data.partition import partition_labels
 from fedpsa_jax.data.sources import Dataset, load_dataset
 from fedpsa_jax.models import get_model
+from fedpsa_jax.sim.executor import ClientExecutor, Job, resolve_execution
 from fedpsa_jax.sim.latency import LatencyModel
 from fedpsa_jax.sim.scheduler import Dispatch, Scheduler
 
 Params = Any
 _log = logging.getLogger(__name__)
+# Summary/metrics fields that may differ between identical runs: wall-clock times; compiles (jit caches are
+# shared by every run of a process); and how the executor grouped jobs (a resumed run recomputes the jobs
+# in flight at its checkpoint, in other batches). Everything else is exact.
 TIMING_FIELDS = ("wall_seconds", "train_seconds", "client_updates_per_second", "client_compute_seconds",
-                 "server_compute_seconds")  # differ between runs
-
-
-@dataclasses.dataclass(frozen=True)
-class Job:
-  """A dispatched client update, waiting to be computed or received."""
-
-  dispatch: Dispatch
-  params_start: Params
-  lr: float
-  dispatch_round: int
-  aux: Any = ()  # the strategy's `client_aux` at dispatch (e.g. FedPAC's global prototypes)
-
-
-_tree_sub = jax.jit(lambda a, b: jax.tree.map(jnp.subtract, a, b))
-
-
-class ClientExecutor:
-  """Runs local training for dispatched jobs, lazily: all pending jobs when a result is needed."""
-
-  def __init__(self, trainer: local.LocalTrainer, fed: FederatedData, strategy: strategies.Strategy,
-               clients_key: jax.Array):
-    self.trainer, self.fed, self.strategy, self.clients_key = trainer, fed, strategy, clients_key
-    self.pending: dict[int, Job] = {}
-    self.results: dict[int, tuple[Params, Any]] = {}
-    self.train_seconds = 0.0
-
-  def submit(self, job: Job) -> None:
-    self.pending[job.dispatch.job_id] = job
-
-  def result(self, job_id: int) -> tuple[Params, Any]:
-    """(Δ, payload) of a job, computing every pending job first if this one is not done yet."""
-    if job_id not in self.results:
-      self._compute_pending()
-    return self.results.pop(job_id)
-
-  def _compute_pending(self) -> None:
-    start = time.perf_counter()
-    for job_id, job in sorted(self.pending.items()):
-      client = job.dispatch.client
-      params_end = self.trainer.train(
-          job.params_start, self.fed.x_train, self.fed.y_train, self.fed.client_indices[client],
-          int(self.fed.client_sizes[client]), job.lr, jax.random.fold_in(self.clients_key, job_id), aux=job.aux)
-      client_job = strategies.ClientJob(client=client, x_all=self.fed.x_train, y_all=self.fed.y_train,
-                                        index_row=self.fed.client_indices[client],
-                                        num_samples=int(self.fed.client_sizes[client]), aux=job.aux)
-      payload = self.strategy.client_payload(job.params_start, params_end, client_job)
-      self.results[job_id] = (_tree_sub(params_end, job.params_start), payload)
-    jax.block_until_ready(list(self.results.values()))
-    self.pending.clear()
-    self.train_seconds += time.perf_counter() - start
+                 "server_compute_seconds", "client_payload_seconds", "compiles", "compile_seconds",
+                 "padding_waste", "execution_batches")
 
 
 def build_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedData]:
@@ -117,10 +73,12 @@ class Simulation:
     `workdir` holds a run of the same config with a usable checkpoint, restores it."""
     self.config = config = config_lib.validate(config)
     self.wall_start = time.perf_counter()
+    self.compiles = CompileCounter().open()  # every XLA compile of this run (warm-up included)
     created = io.check_workdir(workdir, config) if workdir else False
     try:
       self.dataset, self.fed = build_data(config)
     except Exception:
+      self.compiles.close()
       if created and not os.listdir(workdir):
         os.rmdir(workdir)  # bad input (e.g. missing data) leaves no empty run directory behind
       raise
@@ -144,7 +102,9 @@ class Simulation:
         apply_fn=self.model.apply, batch_size=config.local.batch_size, epochs=config.local.epochs,
         regularizer=self.strategy.regularizer, loop=local.resolve_loop(config.local.loop),
         max_unroll=config.local.max_unroll, loss=self.strategy.local_loss)
-    self.executor = ClientExecutor(trainer, self.fed, self.strategy, seeding.device_key(config.seed, "clients"))
+    self.execution = resolve_execution(config.local.execution)
+    self.executor = ClientExecutor(trainer, self.fed, self.strategy, seeding.device_key(config.seed, "clients"),
+                                   self.execution)
     lat = config.sim.latency
     latency = LatencyModel(self.fed.num_clients, lat.distribution, lat.low, lat.high, lat.shape,
                            lat.resample, seeding.host_rng(config.seed, "latency"))
@@ -318,6 +278,12 @@ class Simulation:
                                       if self.client_updates else 0.0),
         "diverged_at": self.diverged_at if self.status == "diverged" else None,
         **self._to_target(),
+        # How client updates ran (local.execution): the backend, the share of SGD steps that were
+        # padding (masked steps of batched jobs), the batched calls, and the XLA compiles of the run.
+        "execution": self.execution, "padding_waste": self.executor.stats.padding_waste,
+        "execution_batches": self.executor.stats.batches, "compiles": self.compiles.count,
+        "client_payload_seconds": self.executor.stats.payload_seconds,  # (part of client_compute_seconds)
+        "compile_seconds": self.compiles.seconds,
     }
 
   def _to_target(self) -> dict:
@@ -362,6 +328,7 @@ class Simulation:
 
   def close(self) -> None:
     """Closes the outputs and the checkpoint store (the run can be resumed from its workdir later)."""
+    self.compiles.close()
     if self.rundir:
       self.rundir.close()
     if self.checkpoints:
@@ -407,7 +374,7 @@ class Simulation:
           f"number >= {loop['now'] / config_lib.UNITS_PER_DAY!r} (the time of its last checkpoint)")
     self.state = self.strategy.restore_state(self.state, snap["strategy"])
     self.scheduler.load_state_dict(snap["scheduler"])
-    self.executor = ClientExecutor(self._trainer, self.fed, self.strategy, snap["clients_key"])
+    self.executor = ClientExecutor(self._trainer, self.fed, self.strategy, snap["clients_key"], self.execution)
     for j in snap["jobs"]:
       job = Job(Dispatch(j["job_id"], j["client"], j["dispatch_time"], j["arrival_time"]), j["params_start"],
                 j["lr"], j["dispatch_round"], j["aux"])

@@ -1,0 +1,118 @@
+"""Client updates per second of whole simulations, per execution backend, against the bare-steps ideal.
+
+    python benchmarks/throughput.py [--days=0.03] [--warmup_days=0.005] [--models=mnist_cnn,linear]
+                                    [--executions=loop,vmap,sharded] [--method=fedpsa]
+
+For each model (the default job: FedPSA on the embedded MNIST, 50 clients, Dirichlet α = 0.1) and each
+backend, one run; figures are taken after `warmup_days` (compiles excluded from the rates, counted
+separately). `sharded` runs in a child process with two forced host devices
+(`--xla_force_host_platform_device_count=2`), the only way to get two devices on a CPU.
+
+Printed per row: client updates per second; the share of wall time outside local training (host
+loop, aggregation, client payloads such as FedPSA's sketch, evaluation); padding waste (masked steps /
+steps run); compiles over the whole run; and the ideal: the same client updates' SGD steps run back to
+back as one bare jitted step each (full batches, no masks), from which `of ideal` = rate / ideal rate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+flags.DEFINE_float("days", 0.03, "virtual days per run")
+flags.DEFINE_float("warmup_days", 0.005, "virtual days before the measurement starts")
+flags.DEFINE_list("models", ["mnist_cnn", "linear"], "models to run")
+flags.DEFINE_list("executions", ["loop", "vmap", "sharded"], "execution backends")
+flags.DEFINE_string("method", "fedpsa", "the method of the runs")
+flags.DEFINE_string("child", "", "internal: run one (model, execution) and print JSON")
+FLAGS = flags.FLAGS
+
+
+def measure(model: str, execution: str) -> dict:
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  from configs.default import get_config
+  from fedpsa_jax.sim import runner
+
+  config = get_config(f"method={FLAGS.method},model={model}")
+  config.local.execution = execution
+  config.sim.virtual_days = FLAGS.days
+  config.output.progress = False
+  sim = runner.Simulation(config)
+  sim.run_until(FLAGS.warmup_days)
+  t0, u0, train0, pay0 = time.perf_counter(), sim.client_updates, sim.executor.train_seconds, \
+      sim.executor.stats.payload_seconds
+  steps0 = sim.executor.stats.steps_needed
+  summary = sim.finish()
+  wall = time.perf_counter() - t0
+  updates = summary["client_updates"] - u0
+  steps = sim.executor.stats.steps_needed - steps0
+  train = sim.executor.train_seconds - train0 - (sim.executor.stats.payload_seconds - pay0)
+
+  # The ideal: one bare jitted SGD step (full batch B, plain mean loss), `steps` times back to back.
+  b = config.local.batch_size
+  x, y = sim.fed.x_train[:b], sim.fed.y_train[:b]
+  apply = sim.model.apply
+
+  @jax.jit
+  def step(params):
+    grads = jax.grad(lambda p: optax.softmax_cross_entropy_with_integer_labels(apply(p, x), y).mean())(params)
+    return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads)
+
+  params = jax.block_until_ready(step(sim.strategy.eval_params(sim.state)))
+  reps = min(steps, 50)
+  start = time.perf_counter()
+  for _ in range(reps):
+    params = step(params)
+  jax.block_until_ready(params)
+  step_seconds = (time.perf_counter() - start) / reps
+  del jnp
+  return {"model": model, "execution": summary["execution"], "devices": jax.local_device_count(),
+          "updates": updates, "updates_per_s": updates / wall, "outside_training": 1 - train / wall,
+          "padding_waste": summary["padding_waste"], "compiles": summary["compiles"],
+          "step_ms": 1e3 * step_seconds, "steps": steps,
+          "ideal_updates_per_s": updates / (steps * step_seconds), "final_accuracy": summary["final_test_accuracy"]}
+
+
+def run_child(model: str, execution: str) -> dict:
+  env = dict(os.environ)
+  if execution == "sharded":
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+  argv = [sys.executable, os.path.abspath(__file__), f"--child={model}:{execution}", f"--days={FLAGS.days}",
+          f"--warmup_days={FLAGS.warmup_days}", f"--method={FLAGS.method}"]
+  out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT)
+  if out.returncode:
+    raise RuntimeError(out.stderr[-2000:])
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv):
+  del argv
+  if FLAGS.child:
+    print(json.dumps(measure(*FLAGS.child.split(":"))))
+    return
+  header = (f"{'model':10s} {'execution':9s} {'dev':>3s} {'upd/s':>6s} {'ideal/s':>7s} {'of ideal':>8s} "
+            f"{'outside train':>13s} {'padding':>7s} {'compiles':>8s} {'step ms':>7s} {'final acc':>9s}")
+  print(f"{FLAGS.method}, {FLAGS.days} virtual days (measured after {FLAGS.warmup_days})")
+  print(header)
+  for model in FLAGS.models:
+    for execution in FLAGS.executions:
+      r = run_child(model, execution)  # a fresh process each: no jit cache shared between rows
+      print(f"{r['model']:10s} {r['execution']:9s} {r['devices']:3d} {r['updates_per_s']:6.2f} "
+            f"{r['ideal_updates_per_s']:7.2f} {r['updates_per_s'] / r['ideal_updates_per_s']:8.0%} "
+            f"{r['outside_training']:13.1%} {r['padding_waste']:7.1%} {r['compiles']:8d} {r['step_ms']:7.1f} "
+            f"{r['final_accuracy']:9.4f}", flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)

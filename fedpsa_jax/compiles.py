@@ -1,0 +1,42 @@
+"""Counting XLA compilations, to check that nothing recompiles inside the simulation loop."""
+
+from __future__ import annotations
+
+import jax
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # recorded by JAX once per backend compile
+
+
+class CompileCounter:
+  """Counts the XLA compilations that happen while it is open (any thread of this process).
+
+  `with CompileCounter() as c: ...; c.count`, or `open()`/`close()` around a longer span.
+  """
+
+  def __init__(self):
+    self.count = 0
+    self.seconds = 0.0
+    self._open = False
+
+  def _listener(self, event: str, duration: float, **kwargs) -> None:
+    del kwargs
+    if event == _COMPILE_EVENT:
+      self.count += 1
+      self.seconds += duration
+
+  def open(self) -> "CompileCounter":
+    if not self._open:
+      jax.monitoring.register_event_duration_secs_listener(self._listener)
+      self._open = True
+    return self
+
+  def close(self) -> None:
+    if self._open:
+      jax.monitoring.unregister_event_duration_listener(self._listener)
+      self._open = False
+
+  def __enter__(self) -> "CompileCounter":
+    return self.open()
+
+  def __exit__(self, *exc) -> None:
+    self.close()

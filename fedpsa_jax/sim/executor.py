@@ -1,0 +1,216 @@
+"""Client execution (DESIGN §5): lazily, all pending jobs at once, by the backend that is fastest here.
+
+A dispatched job is only recorded; when the host needs a result that is not computed yet, every
+pending job is computed in one go. A job's result depends only on (parameters at dispatch, client
+data, lr, key = fold_in(clients_key, job_id)), so when and beside which other jobs it is computed
+never changes it (beyond float reassociation inside a vmapped batch).
+
+Backends (`local.execution`):
+- `loop`: one jitted client update after another (unrolled chunks on CPU). No padding.
+- `vmap`: pending jobs are bucketed by step count (rounded up to a power of two), each bucket split
+  into batches of power-of-two sizes (binary decomposition: no padding jobs, at most log2(C) + 1
+  batch shapes), and each batch runs as one vmapped call of `max steps in the batch` steps; steps past
+  a client's own count are masked no-ops.
+- `sharded`: as `vmap`, with the client axis of each batch split over every local device with
+  `shard_map` (batches padded with inert 0-sample jobs to a multiple of the device count).
+- `auto`: what `benchmarks/throughput.py` measured fastest for the platform (see `resolve_execution`).
+
+Padding waste (masked steps / steps run) and the number of batches are kept in `stats`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedpsa_jax import local, strategies
+from fedpsa_jax.data.federated import FederatedData
+from fedpsa_jax.sim.scheduler import Dispatch
+
+Params = Any
+EXECUTIONS = ("auto", "loop", "vmap", "sharded")
+
+
+def resolve_execution(execution: str, platform: str | None = None, device_count: int | None = None) -> str:
+  """The backend `auto` stands for, per platform, as measured by benchmarks/throughput.py.
+
+  CPU: `loop`. vmapping conv training over clients with different parameters becomes grouped
+  convolutions, which XLA:CPU runs several times slower than separate convs, and XLA:CPU already
+  spreads one client's convs over both cores. GPU/TPU: `vmap` on one device (one kernel launch per
+  step for all clients instead of one per client), `sharded` over several.
+  """
+  if execution != "auto":
+    return execution
+  platform = platform or jax.default_backend()
+  if platform == "cpu":
+    return "loop"
+  device_count = device_count or jax.local_device_count()
+  return "sharded" if device_count > 1 else "vmap"
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """A dispatched client update, waiting to be computed or received."""
+
+  dispatch: Dispatch
+  params_start: Params
+  lr: float
+  dispatch_round: int
+  aux: Any = ()  # the strategy's `client_aux` at dispatch (e.g. FedPAC's global prototypes)
+
+
+@dataclasses.dataclass
+class ExecutionStats:
+  """What the executor did: batches, jobs and SGD steps (needed vs run, the difference is padding)."""
+
+  calls: int = 0  # times pending jobs were computed
+  batches: int = 0  # batched calls (loop: one per job)
+  jobs: int = 0
+  steps_needed: int = 0  # Σ each job's own step count
+  steps_run: int = 0  # Σ batch size × steps of each batched call (padding jobs and masked steps included)
+  payload_seconds: float = 0.0  # of the executor's time, computing client payloads (e.g. FedPSA's sketch)
+
+  @property
+  def padding_waste(self) -> float:
+    return 1.0 - self.steps_needed / self.steps_run if self.steps_run else 0.0
+
+
+_tree_sub = jax.jit(lambda a, b: jax.tree.map(jnp.subtract, a, b))
+_job_keys = jax.jit(jax.vmap(jax.random.fold_in, in_axes=(None, 0)))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _unstack(tree: Params, size: int) -> list[Params]:
+  return [jax.tree.map(lambda x: x[i], tree) for i in range(size)]
+
+
+def _stack(trees: Sequence[Params]) -> Params:
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def batch_sizes(count: int, multiple: int = 1) -> list[int]:
+  """Power-of-two batch sizes (times `multiple`) covering `count` jobs, largest first; the last one
+  may exceed what is left when `multiple` > 1 (filled with inert padding jobs)."""
+  units = -(-count // multiple)
+  return [multiple << bit for bit in reversed(range(units.bit_length())) if units >> bit & 1]
+
+
+class ClientExecutor:
+  """Runs local training for dispatched jobs, lazily: all pending jobs when a result is needed."""
+
+  def __init__(self, trainer: local.LocalTrainer, fed: FederatedData, strategy: strategies.Strategy,
+               clients_key: jax.Array, execution: str = "loop"):
+    if execution not in EXECUTIONS[1:]:
+      raise ValueError(f"local.execution={execution!r} is invalid; allowed: {', '.join(EXECUTIONS)}")
+    self.trainer, self.fed, self.strategy, self.clients_key = trainer, fed, strategy, clients_key
+    self.execution = execution
+    self.pending: dict[int, Job] = {}
+    self.results: dict[int, tuple[Params, Any]] = {}
+    self.train_seconds = 0.0
+    self.stats = ExecutionStats()
+    self.mesh = None
+    self.x_all, self.y_all = fed.x_train, fed.y_train
+    if execution == "sharded":
+      self.mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("clients",))
+      # The data lives on every device once, not copied at every call.
+      replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+      self.x_all, self.y_all = jax.device_put((fed.x_train, fed.y_train), replicated)
+      self.split = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec("clients"))
+
+  def submit(self, job: Job) -> None:
+    self.pending[job.dispatch.job_id] = job
+
+  def result(self, job_id: int) -> tuple[Params, Any]:
+    """(Δ, payload) of a job, computing every pending job first if this one is not done yet."""
+    if job_id not in self.results:
+      self._compute_pending()
+    return self.results.pop(job_id)
+
+  def steps_of(self, job: Job) -> int:
+    return local.num_local_steps(int(self.fed.client_sizes[job.dispatch.client]), self.trainer.batch_size,
+                                 self.trainer.epochs)
+
+  def _client_job(self, job: Job) -> strategies.ClientJob:
+    client = job.dispatch.client
+    return strategies.ClientJob(client=client, x_all=self.fed.x_train, y_all=self.fed.y_train,
+                                index_row=self.fed.client_indices[client],
+                                num_samples=int(self.fed.client_sizes[client]), aux=job.aux)
+
+  def _compute_pending(self) -> None:
+    start = time.perf_counter()
+    jobs = [job for _, job in sorted(self.pending.items())]
+    self.stats.calls += 1
+    if self.execution == "loop":
+      for job in jobs:
+        self._loop_one(job)
+    else:
+      self._batched(jobs)
+    jax.block_until_ready(list(self.results.values()))
+    self.pending.clear()
+    self.train_seconds += time.perf_counter() - start
+
+  def _finish(self, job: Job, params_end: Params) -> None:
+    jax.block_until_ready(params_end)  # (so that the payload's own time can be told apart)
+    start = time.perf_counter()
+    payload = self.strategy.client_payload(job.params_start, params_end, self._client_job(job))
+    jax.block_until_ready(payload)
+    self.stats.payload_seconds += time.perf_counter() - start
+    self.results[job.dispatch.job_id] = (_tree_sub(params_end, job.params_start), payload)
+
+  def _loop_one(self, job: Job) -> None:
+    client = job.dispatch.client
+    steps = self.steps_of(job)
+    params_end = self.trainer.train(
+        job.params_start, self.fed.x_train, self.fed.y_train, self.fed.client_indices[client],
+        int(self.fed.client_sizes[client]), job.lr, jax.random.fold_in(self.clients_key, job.dispatch.job_id),
+        aux=job.aux)
+    self._finish(job, params_end)
+    self.stats.batches += 1
+    self.stats.jobs += 1
+    self.stats.steps_needed += steps
+    self.stats.steps_run += steps
+
+  def _batched(self, jobs: list[Job]) -> None:
+    """Buckets by step count (next power of two), then power-of-two batches of similar step counts."""
+    steps = {job.dispatch.job_id: self.steps_of(job) for job in jobs}
+    buckets: dict[int, list[Job]] = {}
+    for job in sorted(jobs, key=lambda j: (steps[j.dispatch.job_id], j.dispatch.job_id)):
+      s = steps[job.dispatch.job_id]
+      buckets.setdefault(1 << max(s - 1, 0).bit_length(), []).append(job)
+    multiple = self.mesh.devices.size if self.mesh is not None else 1
+    for bucket in buckets.values():
+      bucket = bucket[::-1]  # longest first, so each batch holds the most similar step counts
+      for size in batch_sizes(len(bucket), multiple):
+        batch, bucket = bucket[:size], bucket[size:]
+        self._run_batch(batch, size, max(steps[j.dispatch.job_id] for j in batch))
+        self.stats.steps_needed += sum(steps[j.dispatch.job_id] for j in batch)
+
+  def _run_batch(self, batch: list[Job], size: int, total_steps: int) -> None:
+    real = len(batch)
+    padded = batch + [batch[0]] * (size - real)  # inert copies (0 samples): shard_map needs size % devices == 0
+    clients = np.array([j.dispatch.client for j in padded])
+    sizes = np.array([self.fed.client_sizes[c] for c in clients], np.int32)
+    sizes[real:] = 0
+    params_start = _stack([j.params_start for j in padded])
+    aux = _stack([j.aux for j in padded]) if jax.tree.leaves(batch[0].aux) else batch[0].aux
+    keys = _job_keys(self.clients_key, jnp.asarray([j.dispatch.job_id for j in padded], jnp.uint32))
+    per_client = (params_start, jnp.take(self.fed.client_indices, jnp.asarray(clients), axis=0), jnp.asarray(sizes),
+                  jnp.asarray([j.lr for j in padded], jnp.float32), keys, aux)
+    if self.mesh is not None:  # each device gets its share of the clients
+      per_client = jax.device_put(per_client, self.split)
+    params_start, index_rows, sizes, lrs, keys, aux = per_client
+    params_end = self.trainer.train_batch(params_start, self.x_all, self.y_all, index_rows, sizes, lrs, keys,
+                                          total_steps, aux, self.mesh)
+    if self.mesh is not None:  # results back on the default device, where the server state lives
+      params_end = jax.device_put(params_end, self.fed.x_train.devices().pop())
+    for job, end in zip(batch, _unstack(params_end, real)):
+      self._finish(job, end)
+    self.stats.batches += 1
+    self.stats.jobs += real
+    self.stats.steps_run += size * total_steps

@@ -1,0 +1,154 @@
+"""Client execution backends: batched results equal per-job results; runs do not depend on the backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedpsa_jax import io
+from fedpsa_jax.models import max_pool_2x2
+from fedpsa_jax.sim import executor as executor_lib
+from fedpsa_jax.sim import runner
+from fedpsa_jax.sim.scheduler import Dispatch
+from helpers import small_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMING = set(runner.TIMING_FIELDS)
+
+
+def test_batch_sizes_are_a_binary_decomposition():
+  for count in range(1, 40):
+    sizes = executor_lib.batch_sizes(count)
+    assert sum(sizes) == count and sizes == sorted(sizes, reverse=True)
+    assert all(s & (s - 1) == 0 for s in sizes) and len(set(sizes)) == len(sizes)
+    padded = executor_lib.batch_sizes(count, multiple=2)
+    assert all(s % 2 == 0 for s in padded) and count <= sum(padded) <= count + 1
+
+
+def _jobs(sim, count, seed=0):
+  """`count` jobs on clients of different sizes, each from its own parameters and lr."""
+  rng = np.random.default_rng(seed)
+  clients = rng.choice(sim.fed.num_clients, size=count, replace=False)
+  base = sim.strategy.eval_params(sim.state)
+  jobs = []
+  for job_id, client in enumerate(clients):
+    noise = jax.tree.map(lambda x: 0.01 * job_id * jnp.ones_like(x), base)
+    params = jax.tree.map(jnp.add, base, noise)
+    jobs.append(executor_lib.Job(Dispatch(job_id, int(client), 0, 1), params, 0.05 / (1 + job_id), 0,
+                                 sim.strategy.client_aux(sim.state, int(client))))
+  return jobs
+
+
+def _results(sim, execution, jobs):
+  ex = executor_lib.ClientExecutor(sim._trainer, sim.fed, sim.strategy, sim.executor.clients_key, execution)
+  for job in jobs:
+    ex.submit(job)
+  return {job.dispatch.job_id: ex.result(job.dispatch.job_id) for job in jobs}, ex.stats
+
+
+@pytest.mark.parametrize("method,model", [("fedpsa", "linear"), ("fedpac", "tiny_mlp")])
+def test_batched_results_equal_per_job_results(method, model):
+  """Whatever the batch composition (7 jobs of mixed step counts: buckets and batches of 4, 2, 1), each
+  job's Δ and payload equal those of the job computed alone."""
+  sim = runner.Simulation(small_config(method, model=model, partition__method="dirichlet", partition__alpha=0.1,
+                                          local__batch_size=32))
+  jobs = _jobs(sim, 7)
+  steps = {sim.executor.steps_of(j) for j in jobs}
+  assert len(steps) > 1  # the buckets and masked steps are exercised
+  alone, loop_stats = _results(sim, "loop", jobs)
+  batched, stats = _results(sim, "vmap", jobs)
+  assert loop_stats.padding_waste == 0 and stats.jobs == 7 and stats.batches < 7
+  assert stats.steps_needed == loop_stats.steps_needed and stats.steps_run >= stats.steps_needed
+  for job_id, (delta, payload) in alone.items():
+    for a, b in zip(jax.tree.leaves((delta, payload)), jax.tree.leaves(batched[job_id])):
+      np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+    assert float(sum(jnp.sum(jnp.abs(d)) for d in jax.tree.leaves(delta))) > 0  # every job really trained
+  # A batch in another order and another grouping gives the same results.
+  regrouped, _ = _results(sim, "vmap", jobs[::-1][:3])
+  for job_id, result in regrouped.items():
+    for a, b in zip(jax.tree.leaves(alone[job_id]), jax.tree.leaves(result)):
+      np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+
+
+SHARDED_SCRIPT = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import jax, numpy as np
+from test_execution import _jobs, _results
+from fedpsa_jax.sim import runner
+from helpers import small_config
+sim = runner.Simulation(small_config("fedpsa", partition__method="dirichlet", partition__alpha=0.1,
+                                          local__batch_size=32))
+jobs = _jobs(sim, 5)
+alone, _ = _results(sim, "loop", jobs)
+sharded, stats = _results(sim, "sharded", jobs)
+diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+           for j in alone for a, b in zip(jax.tree.leaves(alone[j]), jax.tree.leaves(sharded[j])))
+devices = {{d.id for j in sharded for x in jax.tree.leaves(sharded[j]) for d in x.devices()}}
+print(json.dumps({{"devices": jax.local_device_count(), "diff": diff, "jobs": stats.jobs,
+                  "waste": stats.padding_waste, "result_devices": sorted(devices)}}))
+"""
+
+
+def test_sharded_over_two_host_devices_equals_one_device():
+  """Two forced host devices: the client axis is split over both; results equal the loop's."""
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+  out = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT.format(tests=os.path.join(ROOT, "tests"))],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  report = json.loads(out.stdout.strip().splitlines()[-1])
+  assert report["devices"] == 2 and report["jobs"] == 5
+  assert report["diff"] < 1e-5
+  assert report["waste"] > 0  # 5 jobs over 2 devices: at least one inert padding job ran
+  assert report["result_devices"] == [0]  # results come back to the device of the server state
+
+
+def _metrics(path):
+  return [{k: v for k, v in r.items() if k not in TIMING} for r in io.read_jsonl(path)]
+
+
+def test_run_metrics_do_not_depend_on_the_backend(tmp_path):
+  runs = {}
+  for execution in ("loop", "vmap", "vmap"):
+    name = f"{execution}{len([k for k in runs if k.startswith(execution)])}"
+    config = small_config("fedpsa", days=0.015, partition__alpha=0.3, local__execution=execution)
+    summary = runner.Simulation(config, str(tmp_path / name)).run()
+    assert summary["execution"] == execution
+    runs[name] = _metrics(str(tmp_path / name / "metrics.jsonl"))
+  assert runs["vmap0"] == runs["vmap1"]  # same seed, same backend: identical
+  loop, vmap = runs["loop0"], runs["vmap0"]
+  assert [r["client_updates"] for r in loop] == [r["client_updates"] for r in vmap]
+  for a, b in zip(loop, vmap):
+    assert abs(a["test_accuracy"] - b["test_accuracy"]) <= 2e-3 and abs(a["test_loss"] - b["test_loss"]) < 1e-3
+
+
+@pytest.mark.parametrize("method", ["fedbuff", "fedpsa"])
+def test_nothing_compiles_inside_the_loop_once_warm(method):
+  """Equal-size clients (iid): once every code path has run (FedPSA: its queue of L_q = 50 κ filled,
+  so the thermometer is on), the next ~100 client updates compile nothing (no jit cache rebuilt per event)."""
+  sim = runner.Simulation(small_config(method, days=0.05, partition__method="iid", local__execution="loop"))
+  sim.run_until(0.02)
+  warm, updates = sim.compiles.count, sim.client_updates
+  assert warm > 0 and updates > 50
+  sim.run_until(0.05)
+  assert sim.client_updates - updates > 90
+  assert sim.compiles.count == warm
+  assert sim.finish()["compiles"] == warm
+
+
+def test_max_pool_2x2_equals_flax_max_pool():
+  x = jax.random.normal(jax.random.key(0), (3, 8, 6, 4))
+  np.testing.assert_array_equal(max_pool_2x2(x), nn.max_pool(x, (2, 2), strides=(2, 2)))
+  grad = jax.grad(lambda x: jnp.sum(max_pool_2x2(x) ** 2))(x)
+  reference = jax.grad(lambda x: jnp.sum(nn.max_pool(x, (2, 2), strides=(2, 2)) ** 2))(x)
+  np.testing.assert_allclose(grad, reference, rtol=1e-6)  # no ties in continuous data
+  odd = jax.random.normal(jax.random.key(1), (1, 5, 5, 2))
+  np.testing.assert_array_equal(max_pool_2x2(odd), nn.max_pool(odd, (2, 2), strides=(2, 2)))
