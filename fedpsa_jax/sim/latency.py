@@ -34,7 +34,7 @@ class LatencyModel:
   """Each client's response time: drawn once per client (`fixed`) or at every dispatch (`per_dispatch`)."""
 
   def __init__(self, num_clients: int, distribution: str, low: int, high: int, shape: float,
-               resample: str, rng: np.random.Generator, slow_fraction: float = 0.0, slow_factor: float = 1.0):
+               resample: str, rng: np.random.Generator, slow_fraction: float = 0.0, slow_factor: float = 5.0):
     self.rng = rng
     self._draw = lambda n: draw_response_times(distribution, n, low, high, shape, rng)
     self.resample = resample
