@@ -45,9 +45,12 @@ def test_label_groups_partition(num_clients):
   assert all(np.array_equal(a, b) for a, b in zip(again, out.parts))
 
 
-def test_label_groups_rejects_more_groups_than_labels():
-  with pytest.raises(ValueError, match="group_proportions"):
-    label_groups(_labels(classes=3), 10, (0.25, 0.25, 0.25, 0.25), 1.0, np.random.default_rng(0))
+def test_label_groups_with_fewer_labels_than_groups_uses_the_first_groups():
+  labels = _labels(classes=3)
+  out = label_groups(labels, 10, (0.25, 0.25, 0.25, 0.25), 1.0, np.random.default_rng(0))
+  assert [g.tolist() for g in out.group_labels] == [[0], [1], [2]]
+  assert np.bincount(out.client_group).tolist() == [4, 3, 3]  # 10 · (1/3, 1/3, 1/3), remainder first
+  assert sorted(np.concatenate(out.parts).tolist()) == list(range(len(labels)))
 
 
 def test_slow_devices_multiply_a_fixed_share_and_default_is_unchanged():

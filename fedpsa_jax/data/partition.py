@@ -134,13 +134,14 @@ def label_groups(labels: np.ndarray, num_clients: int, group_proportions: tuple[
      {7,8,9}: "label 0 and label 1 are only held by group 0").
   3. Inside each group, the samples of its labels are divided among its clients by `dirichlet`
      (q_i ~ Dir(alpha * 1) per client, sizes |D_g| / N_g), so every sample is assigned exactly once.
+  With fewer clients or labels than groups, only the first min(N, #labels) proportions are used.
   """
   labels = _check_labels(labels, num_clients)
   _check_alpha(alpha)
   classes = np.unique(labels)
-  if len(group_proportions) > min(num_clients, len(classes)):
-    raise ValueError(f"partition.group_proportions has {len(group_proportions)} groups; at most "
-                     f"min(num_clients, number of labels) = {min(num_clients, len(classes))} are possible")
+  # With fewer clients or labels than groups, only the first groups can exist (config validation
+  # rejects such a run; this keeps the partitioner total for any 1 <= num_clients, as the others are).
+  group_proportions = tuple(group_proportions)[: min(num_clients, len(classes))]
   client_counts = split_counts(num_clients, group_proportions)
   label_counts = split_counts(len(classes), group_proportions)
   client_group = np.repeat(np.arange(len(client_counts)), client_counts)
