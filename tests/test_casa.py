@@ -295,12 +295,12 @@ def planted_runs(tmp_path_factory):
     for method in ("casa", "fedbuff"):
       workdir = str(tmp_path_factory.mktemp(method))
       sim = runner.Simulation(planted_config(method), workdir)
-      out[method] = (sim.run(), io.read_jsonl(f"{workdir}/metrics.jsonl"), sim)
+      out[method] = (sim.run(), io.read_jsonl(f"{workdir}/metrics.jsonl"), sim, workdir)
   return out
 
 
 def test_casa_recovers_planted_groups_and_beats_fedbuff_personalised(planted_runs):
-  summary, records, sim = planted_runs["casa"]
+  summary, records, sim, _ = planted_runs["casa"]
   truth = np.repeat([0, 1], 10)  # label_groups puts clients 0-9 in group 0, 10-19 in group 1
   assert adjusted_rand_score(truth, records[-1]["clusters"]) >= 0.9
   assert records[0]["clusters"] == [0] * 20  # one cluster at the start
@@ -319,7 +319,7 @@ def test_casa_recovers_planted_groups_and_beats_fedbuff_personalised(planted_run
 
 
 def test_fedbuff_gets_personalised_accuracy_through_the_default_hook(planted_runs):
-  summary, records, sim = planted_runs["fedbuff"]
+  summary, records, sim, _ = planted_runs["fedbuff"]
   assert all("personalized_accuracy" in r and "clusters" not in r for r in records)
   fed = sim.fed
   rows = np.concatenate(fed.client_test_indices)
@@ -348,3 +348,13 @@ def test_casa_resumes_exactly_from_a_checkpoint_after_splits(tmp_path):
     a = [{k: v for k, v in r.items() if k not in timing} for r in io.read_jsonl(str(tmp_path / "whole" / name))]
     b = [{k: v for k, v in r.items() if k not in timing} for r in io.read_jsonl(str(tmp_path / "cut" / name))]
     assert a == b
+
+
+def test_cluster_figure_for_casa_runs_only(planted_runs, tmp_path):
+  from fedpsa_jax.figures import casa as casa_figures
+  assert casa_figures.run_figures(planted_runs["fedbuff"][3], str(tmp_path)) == []
+  records = planted_runs["casa"][1]
+  days, clusters = casa_figures.cluster_matrix(records)
+  assert clusters.shape == (20, len(records)) and clusters[:, -1].tolist() == records[-1]["clusters"]
+  (path,) = casa_figures.run_figures(planted_runs["casa"][3], str(tmp_path))
+  assert path.endswith("casa_clusters.png") and open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
