@@ -157,14 +157,18 @@ def test_prune_buffer_priority_by_hand():
   computed = np.zeros((4, 4), bool)
   computed[0, 1] = computed[1, 0] = True
   alpha = np.array([0.3, 0.1, 0.2, 0.0])
-  items = [{"owner": 0, "source": 1, "inserted": 5}, {"owner": 0, "source": 2, "inserted": 1},
-           {"owner": 1, "source": 2, "inserted": 2}, {"owner": 2, "source": 3, "inserted": 3},
-           {"owner": 2, "source": 0, "inserted": 4}]
+  items = [{"owner": 0, "source": 1, "inserted": 5, "key": 50}, {"owner": 0, "source": 2, "inserted": 1, "key": 10},
+           {"owner": 1, "source": 2, "inserted": 2, "key": 20}, {"owner": 2, "source": 3, "inserted": 3, "key": 30},
+           {"owner": 2, "source": 0, "inserted": 4, "key": 40}]
+  # Rank: uncomputed pairs first (all but (0, 1)); among them by owner α: owner 1 (0.1), owner 2 (0.2;
+  # newest first: inserted 4 then 3), owner 0 (0.3); then the computed (0, 1).
   kept = casa.prune_buffer(items, computed, alpha, 3)
-  # Uncomputed pairs first (all but (0, 1)); among them by owner α: owner 1 (0.1), owner 2 (0.2; newest
-  # first: inserted 4 then 3), owner 0 (0.3). Keep 3: (1,2), (2,0), (2,3).
-  assert [(it["owner"], it["source"]) for it in kept] == [(1, 2), (2, 0), (2, 3)]
-  assert casa.prune_buffer(items, computed, alpha, 10) == items
+  assert [(it["owner"], it["source"]) for it in kept] == [(1, 2), (2, 0), (2, 3)]  # vectors 20, 40, 30
+  # Two items sharing one vector cost one slot: (0, 2) holds vector 20 as well, so it stays.
+  items[1]["key"] = 20
+  kept = casa.prune_buffer(items, computed, alpha, 3)
+  assert [(it["owner"], it["source"]) for it in kept] == [(1, 2), (2, 0), (2, 3), (0, 2)]
+  assert len(casa.prune_buffer(items, computed, alpha, 10)) == 5
 
 
 # --- the strategy's server step ---------------------------------------------------------------------
@@ -230,7 +234,7 @@ def test_receive_applies_bilevel_decay_and_buffers_by_hand():
 
 
 def test_large_gap_pruning_and_budget_never_exceeded():
-  s = _strategy(n=8, buffer_budget=7, gap_rounds=5)
+  s = _strategy(n=8, buffer_budget=3, gap_rounds=5)
   state = s.init(PARAMS0)
   rng = np.random.default_rng(3)
   for c in range(8):
@@ -239,12 +243,15 @@ def test_large_gap_pruning_and_budget_never_exceeded():
   state = s.dispatched(state, 7)  # client 7 starts at round 10, the others at 0
   state, _ = s.receive(state, [Arrival(0, 10, 0, 0, PARAMS0, _delta(rng), ())])
   assert 7 not in {it["owner"] for it in state.items}  # |10 − 0| >= r_b = 5: large gap
+  full = 0
   for step in range(60):  # random arrivals: the budget of Alg. 2 holds after every update
     c = int(rng.integers(8))
     state = s.dispatched(state, c)
     state, _ = s.receive(state, [Arrival(c, 10, 0, 0, PARAMS0, _delta(rng), ())])
-    assert len(state.items) <= 7
+    assert len(state.vectors) <= 3
     assert set(state.vectors) == {it["key"] for it in state.items}  # no vector kept without an item
+    full += len(state.vectors) == 3
+  assert full > 30  # the budget was binding, not idle
 
 
 def test_ablations_casa_d_fixed_alpha_and_casa_c_never_splits():

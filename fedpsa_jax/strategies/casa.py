@@ -56,10 +56,14 @@ Adaptations and readings of the paper (casa.txt garbles its math; see papers/cas
   |start_j − start_i| >= r_b (`gap_rounds`, not given in the paper; 50 updates by default), start =
   the round at dispatch (client j's current job); (ii) recurring: not inserted when buf_j already holds
   an update of client i (the older one is kept, "discards redundant updates without buffering them").
-- Prioritised buffer budget (Alg. 2, Eq. 11): when the buffers hold more than M = `buffer_budget` items,
-  items are ranked by (their pair's similarity never computed first, then the buffer owner's last
-  client-level decay α_j ascending, slower clients first; owners that never reported count as α = 0,
-  then newest first) and those past M are deleted, so the budget always holds after an update.
+- Prioritised buffer budget (Alg. 2, Eq. 11): M = `buffer_budget` counts stored model vectors, the
+  server's storage. An arriving update is stored once and referenced by every buffer it enters, and
+  the paper compares its M = 75 with the n = 100 models CFL-Async must store (Sec. 5.3.2); counted as
+  (buffer, update) items, 75 could not even hold one update's insertion into 99 buffers. Items are
+  ranked by (their pair's similarity never computed first, then the buffer owner's last client-level
+  decay α_j ascending, slower clients first; owners that never reported count as α = 0, then newest
+  first) and kept greedily while the distinct vectors they reference fit in M; the rest are deleted,
+  so the budget holds after every update.
 - Spectral clustering (Alg. 3, line 7): the normalised spectral clustering of Ng, Jordan and Weiss on
   the same L: rows of the R eigenvectors of smallest eigenvalue (scipy.linalg.eigh), normalised, then
   k-means (scikit-learn, 10 initialisations, seeded from the run seed). The largest part keeps the
@@ -203,13 +207,18 @@ def newcomer_cluster(v_i: np.ndarray, candidates: Sequence[tuple[int, int, np.nd
 
 def prune_buffer(items: Sequence[dict], computed: np.ndarray, owner_alpha: np.ndarray,
                  budget: int) -> list[dict]:
-  """Alg. 2, lines 4-8 (Eq. 11): keep at most `budget` items, ranked by (pair (owner, source) not yet
-  computed first, owner's α ascending, newest first). Items are dicts with owner, source, inserted."""
-  if len(items) <= budget:
-    return list(items)
+  """Alg. 2, lines 4-8 (Eq. 11): items (dicts with owner, source, inserted and key, the stored vector
+  they point to) ranked by (pair (owner, source) not yet computed first, owner's α ascending, newest
+  first) and kept greedily while the distinct vectors they hold number at most `budget` (an item whose
+  vector is already kept costs nothing). Returned in rank order."""
   ranked = sorted(items, key=lambda it: (bool(computed[it["owner"], it["source"]]),
                                          float(owner_alpha[it["owner"]]), -it["inserted"]))
-  return ranked[:budget]
+  kept, keys = [], set()
+  for it in ranked:
+    if it["key"] in keys or len(keys) < budget:
+      kept.append(it)
+      keys.add(it["key"])
+  return kept
 
 
 @jax.jit
@@ -275,7 +284,7 @@ class CASA(Strategy):
     c.size_offset = 3  # α uses log2(|C_k| + size_offset), keeping α_i < 1 (Appendix A.2.3)
     c.gamma = 0.15  # γ of the clustering trigger α_{c,k} < γ (λ_{R+1} − λ_R) (Eq. 14)
     c.num_eigenvalues = 10  # eigenvalues of L searched for the largest gap (Eq. 13; Appendix A.2.3)
-    c.buffer_budget = 50  # M: most buffered items over all clients (Alg. 2); each is one model-sized vector
+    c.buffer_budget = 75  # M: most model-sized vectors stored for the buffers (Alg. 2; the paper's Fig. 9a: 75)
     c.gap_rounds = 50  # r_b: no buffering across start rounds this far apart (large-gap pruning)
     # Alg. 3 runs on a cluster only once this share of its members' pairs has a computed similarity
     # ("we need all the pairwise similarities to make clustering decisions", Sec. 4.3).
