@@ -271,6 +271,20 @@ def test_ablations_casa_d_fixed_alpha_and_casa_c_never_splits():
   assert len(state.models) == 1 and state.splits == 0
 
 
+def test_weight_similarity_and_time_clock():
+  rng = np.random.default_rng(5)
+  s = _strategy(n=3, similarity="weights", omega_clock="time", omega_k=0.01)
+  state = s.init(PARAMS0)
+  d0, d1 = _delta(rng), _delta(rng)
+  state, _ = s.receive(state, [Arrival(0, 10, 0, 0, PARAMS0, d0, (), arrival_time=300)])
+  assert state.last["omega"] == pytest.approx((math.e / 2.8) ** (0.01 * 300))  # Ω of the arrival time
+  start1 = jax.tree.map(lambda x: x + 1.0, PARAMS0)
+  state, _ = s.receive(state, [Arrival(1, 10, 0, 0, start1, d1, (), arrival_time=400)])
+  w0 = _flat(PARAMS0) + _flat(d0)
+  w1 = _flat(start1) + _flat(d1)
+  assert state.similarity[0, 1] == pytest.approx(float(w0 @ w1 / np.linalg.norm(w0) / np.linalg.norm(w1)), rel=1e-5)
+
+
 def test_casa_config_validation_messages():
   cfg = config_lib.base_config()
   cfg.method = "casa"

@@ -63,7 +63,8 @@ Adaptations and readings of the paper (casa.txt garbles its math; see papers/cas
   ranked by (their pair's similarity never computed first, then the buffer owner's last client-level
   decay α_j ascending, slower clients first; owners that never reported count as α = 0, then newest
   first) and kept greedily while the distinct vectors they reference fit in M; the rest are deleted,
-  so the budget holds after every update.
+  so the budget holds after every update. The vectors live on the host (M of them: 75 x 6.4 MB for the
+  MNIST CNN).
 - Spectral clustering (Alg. 3, line 7): the normalised spectral clustering of Ng, Jordan and Weiss on
   the same L: rows of the R eigenvectors of smallest eigenvalue (scipy.linalg.eigh), normalised, then
   k-means (scikit-learn, 10 initialisations, seeded from the run seed). The largest part keeps the
