@@ -14,9 +14,10 @@ paper's K, applies) or `method=fedasync`.
 
 `smoke`: mnist_5k, linear model, 40 clients in the paper's 4 groups (labels {0,1} {2,3} {4,5,6} {7,8,9}),
 near-IID inside a group (α = 100), 30% slow devices at 5x, 20% local test splits, 0.1 virtual days
-(~450 updates, under half a minute on 2 CPU cores). On such a short run Ω(t) stays near 1, so α_{c,k} ≈ 0.44 and the paper's γ =
-0.15 could fire only for an eigengap above 2, which a normalised Laplacian never has; `casa.gamma = 1.0`
-lets the trigger of Eq. 14 fire on the planted groups within the run.
+(~450 updates, under half a minute on 2 CPU cores). On such a short run Ω(t) stays near 1, so
+α_{c,k} ≈ 2 / log2(43) ≈ 0.37 and the paper's γ = 0.15 could fire only for an eigengap above 2.5, which a
+normalised Laplacian never has (its spectrum lies in [0, 2]); `casa.gamma = 1.0` lets the trigger of
+Eq. 14 fire on the planted groups within the run.
 
 Further `key=value` overrides follow the first item, e.g. `configs/casa.py:smoke,casa.plus=True`.
 """

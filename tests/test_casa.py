@@ -213,7 +213,8 @@ def test_receive_applies_bilevel_decay_and_buffers_by_hand():
   # Client 1 arrives at t = 1 (τ = 1 − 0 = 1 <= r = 6 (2 − Ω)): similarity with client 0 = cos(Δ_1, Δ_0).
   model_before = _np(state.models[0])
   state, _ = s.receive(state, [Arrival(1, 20, 0, 0, PARAMS0, deltas[1], ())])
-  cos = float(np.dot(_flat(deltas[1]), _flat(deltas[0])) / np.linalg.norm(_flat(deltas[1])) / np.linalg.norm(_flat(deltas[0])))
+  f0, f1 = _flat(deltas[0]), _flat(deltas[1])
+  cos = float(f1 @ f0 / np.linalg.norm(f1) / np.linalg.norm(f0))
   assert state.similarity[1, 0] == pytest.approx(cos, rel=1e-5) and state.computed[0, 1]
   assert not any(it["owner"] == 1 for it in state.items)  # buf_1 was cleared
   a1 = 2.0 * casa.omega(1, 0.001) / math.log2(9)
