@@ -49,11 +49,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.test_split = "holdout"  # holdout: stratified share of the pooled data (the paper); official
   c.data.holdout_fraction = 0.1  # share of each class held out as the test set when test_split=holdout
   c.data.data_dir = ml_collections.FieldReference(None, field_type=str)  # tfds data_dir (None: default)
+  # Share of each client's own samples held out as its local test split (personalised evaluation:
+  # metrics then carry `personalized_accuracy`); a simple random split per client. 0.0: off.
+  c.data.client_test_fraction = 0.0
 
   c.partition = ml_collections.ConfigDict()
-  c.partition.method = "dirichlet_flgo"  # dirichlet_flgo (the paper's, via FLGo) | dirichlet | iid
+  # dirichlet_flgo (the paper's, via FLGo) | dirichlet | iid | label_groups (CASA's grouped label skew)
+  c.partition.method = "dirichlet_flgo"
   c.partition.alpha = 0.1  # Dirichlet concentration α (smaller: more heterogeneous)
   c.partition.num_clients = 50  # N
+  # label_groups only: client share of each group (labels are split in the same shares, disjoint);
+  # Dirichlet partition.alpha inside each group. CASA's Appendix A.2.4 default.
+  c.partition.group_proportions = (0.2, 0.2, 0.3, 0.3)
 
   c.model = ml_collections.ConfigDict()
   c.model.name = "mnist_cnn"  # mnist_cnn | linear | cifar_cnn | tiny_mlp
@@ -79,6 +86,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.sim.latency.high = 500  # longest response time (units)
   c.sim.latency.shape = 1.0  # long_tail only: Pareto shape a (larger: more mass near `low`)
   c.sim.latency.resample = "fixed"  # fixed: one time per client for the run; per_dispatch: redrawn
+  # Slow devices (CASA's setting: 0.3 at 5x): a fixed set of round(slow_fraction * N) clients, drawn with
+  # the latency generator, has its response times multiplied by slow_factor. 0.0: none (no extra draw).
+  c.sim.latency.slow_fraction = 0.0
+  c.sim.latency.slow_factor = 5.0
 
   c.sensitivity = ml_collections.ConfigDict()
   c.sensitivity.calibration = "gaussian"  # the shared batch D_b: gaussian (synthetic) | real (train data)
@@ -162,7 +173,15 @@ def config_errors(c: ml_collections.ConfigDict) -> list[str]:
   )
   check(_is_number(c.data.holdout_fraction) and 0 < c.data.holdout_fraction < 1,
         "data.holdout_fraction", "a number in (0, 1)")
+  check(_is_number(c.data.client_test_fraction) and 0 <= c.data.client_test_fraction < 1,
+        "data.client_test_fraction", "a number in [0, 1) (0: no local test splits)")
   one_of("partition.method", PARTITIONERS)
+  props = c.partition.group_proportions
+  check(isinstance(props, (tuple, list)) and len(props) >= 1 and all(_is_number(p) and p > 0 for p in props)
+        and (c.partition.method != "label_groups" or not _is_int(c.partition.num_clients)
+             or len(props) <= c.partition.num_clients),
+        "partition.group_proportions", "a non-empty tuple of numbers > 0 (label_groups: at most "
+        "partition.num_clients groups, and at most the number of labels)")
   check(_is_number(c.partition.alpha) and c.partition.alpha > 0, "partition.alpha", "a number > 0")
   check(_is_int(c.partition.num_clients) and c.partition.num_clients >= 1,
         "partition.num_clients", "an integer >= 1")
@@ -184,6 +203,9 @@ def config_errors(c: ml_collections.ConfigDict) -> list[str]:
   check(_is_int(lat.high) and _is_int(lat.low) and lat.high >= lat.low, "sim.latency.high",
         f"an integer >= sim.latency.low ({lat.low!r})")
   check(_is_number(lat.shape) and lat.shape > 0, "sim.latency.shape", "a number > 0")
+  check(_is_number(lat.slow_fraction) and 0 <= lat.slow_fraction <= 1, "sim.latency.slow_fraction",
+        "a number in [0, 1] (0: no slow devices)")
+  check(_is_number(lat.slow_factor) and lat.slow_factor >= 1, "sim.latency.slow_factor", "a number >= 1")
   s = c.sensitivity
   one_of("sensitivity.calibration", CALIBRATION_KINDS)
   one_of("sensitivity.fisher", FISHER_METHODS)

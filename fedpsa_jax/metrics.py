@@ -44,6 +44,40 @@ def make_evaluator(apply_fn: Callable, x_test: jax.Array, y_test: jax.Array,
   return evaluate
 
 
+def make_personal_evaluator(apply_fn: Callable, x_all: jax.Array, y_all: jax.Array,
+                            client_test_indices: Sequence[np.ndarray], batch_size: int
+                            ) -> Callable[[Sequence[Params], np.ndarray], float]:
+  """`evaluate(models, assignment) -> personalised accuracy`: each client's local test samples
+  (`client_test_indices[i]`, indices into `x_all`) classified by `models[assignment[i]]`, pooled over
+  all clients, i.e. the per-client accuracies averaged weighted by local test size.
+
+  One pass per distinct model in use, over the pooled samples of the clients assigned to it (not one
+  per client); batches have the fixed size `batch_size` (the last padded and masked), so one shape
+  compiles.
+  """
+  tests = [np.asarray(t, dtype=np.int64) for t in client_test_indices]
+  total = sum(len(t) for t in tests)
+  b = batch_size
+
+  def evaluate(models: Sequence[Params], assignment: np.ndarray) -> float:
+    assignment = np.asarray(assignment)
+    correct = 0.0
+    for m in np.unique(assignment):
+      rows = np.concatenate([tests[i] for i in np.flatnonzero(assignment == m)] + [np.zeros(0, np.int64)])
+      if len(rows) == 0:
+        continue
+      pad = -len(rows) % b
+      idx = jnp.asarray(np.concatenate([rows, np.zeros(pad, np.int64)]))
+      mask = (jnp.arange(len(rows) + pad) < len(rows)).astype(jnp.float32)
+      for start in range(0, len(rows) + pad, b):
+        c, _ = _batch_stats(apply_fn, models[int(m)], x_all[idx[start:start + b]], y_all[idx[start:start + b]],
+                            mask[start:start + b])
+        correct += float(c)
+    return correct / total if total else float("nan")
+
+  return evaluate
+
+
 def aulc(days: Sequence[float], accuracies: Sequence[float]) -> float:
   """Area under the learning curve in accuracy-days: the trapezoid integral of test accuracy (a
   fraction) over virtual time in days, over the logged points from time 0 (the paper's Table 3)."""

@@ -3,6 +3,12 @@
 Local training gathers each batch inside jit from a client's row of `client_indices`, so the training
 images cross to the device once per run rather than once per job. Rows are padded with index 0 (a
 valid index, so a gather never reads out of bounds); `client_sizes` says how much of each row is real.
+
+Local test splits (personalised evaluation, e.g. CASA's): with `data.client_test_fraction` = f > 0,
+`split_client_test` holds out, per client, a simple random share round(f * n_i) of its own samples
+(at least one, and at least one left for training; none for a one-sample client), drawn with the host
+generator of purpose 'client_test'. The held-out indices (into the train arrays) are in
+`client_test_indices`; they never enter `client_indices`, so no client trains on them.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ class FederatedData:
   x_test: jax.Array
   y_test: jax.Array
   num_classes: int
+  # Per client, the indices (into x_train/y_train) of its local test samples; () when off.
+  client_test_indices: tuple = ()
 
   @property
   def num_clients(self) -> int:
@@ -37,8 +45,25 @@ class FederatedData:
     return int(self.client_indices.shape[1])
 
 
-def build_federated_data(dataset: Dataset, parts: list[np.ndarray]) -> FederatedData:
-  """Puts `dataset` on the default device and packs `parts` (one index array per client)."""
+def split_client_test(parts: list[np.ndarray], fraction: float,
+                      rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
+  """(train parts, test parts): a simple random share round(fraction * n_i) of each client's samples,
+  clipped to [1, n_i - 1] (0 for a client with one sample), goes to its local test split."""
+  train, test = [], []
+  for part in parts:
+    part = np.asarray(part, dtype=np.int64)
+    n = len(part)
+    k = 0 if n < 2 or fraction <= 0 else int(min(max(round(fraction * n), 1), n - 1))
+    order = rng.permutation(n)
+    test.append(np.sort(part[order[:k]]))
+    train.append(part[np.sort(order[k:])])
+  return train, test
+
+
+def build_federated_data(dataset: Dataset, parts: list[np.ndarray],
+                         test_parts: list[np.ndarray] | None = None) -> FederatedData:
+  """Puts `dataset` on the default device and packs `parts` (one index array per client);
+  `test_parts`, if given, are the clients' local test indices (`split_client_test`)."""
   num_train = len(dataset.y_train)
   table, sizes = _index_table(parts, num_train)
   return FederatedData(
@@ -49,6 +74,7 @@ def build_federated_data(dataset: Dataset, parts: list[np.ndarray]) -> Federated
       x_test=jnp.asarray(dataset.x_test, dtype=jnp.float32),
       y_test=jnp.asarray(dataset.y_test, dtype=jnp.int32),
       num_classes=int(dataset.num_classes),
+      client_test_indices=tuple(np.asarray(t, dtype=np.int64) for t in test_parts) if test_parts else (),
   )
 
 

@@ -10,6 +10,10 @@ passed in, so the same generator state gives the same partition.
   then corrected until the size-weighted mixture of the q_i matches p.
 - `dirichlet`: the common per-client Dir(alpha * 1) label mix, without the mixture correction.
 - `iid`: a shuffle split into nearly equal parts.
+- `label_groups`: CASA's label-skew grouped partition (its Appendix A.2.4, after ICFL): clients form
+  groups with the given client proportions (default {0.2, 0.2, 0.3, 0.3}), the labels are split into
+  disjoint sets in the same proportions (label c goes to one group only), and inside each group the
+  group's samples are spread over its clients with the common Dir(alpha * 1) label mix (`dirichlet`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import dataclasses
 
 import numpy as np
 
-PARTITIONERS = ("dirichlet_flgo", "dirichlet", "iid")
+PARTITIONERS = ("dirichlet_flgo", "dirichlet", "iid", "label_groups")
+DEFAULT_GROUP_PROPORTIONS = (0.2, 0.2, 0.3, 0.3)  # CASA's Appendix A.2.4
 
 # FLGo multiplies the mixture tolerance by 10 after this many unsuccessful correction tries.
 _TRIES_PER_TOLERANCE = 500
@@ -27,15 +32,19 @@ _MAX_REDRAWS = 1000
 
 
 def partition_labels(labels: np.ndarray, num_clients: int, method: str, alpha: float,
-                     rng: np.random.Generator) -> list[np.ndarray]:
+                     rng: np.random.Generator,
+                     group_proportions: tuple[float, ...] = DEFAULT_GROUP_PROPORTIONS) -> list[np.ndarray]:
   """Partitions sample indices among `num_clients` clients with the named method.
 
-  `alpha` is the Dirichlet concentration scale of the two Dirichlet methods; `iid` ignores it.
+  `alpha` is the Dirichlet concentration scale of the Dirichlet methods (within each group for
+  `label_groups`); `iid` ignores it. `group_proportions` is used by `label_groups` only.
   """
   if method not in PARTITIONERS:
     raise ValueError(f"partition.method must be one of {PARTITIONERS}, got {method!r}")
   if method == "iid":
     return iid(labels, num_clients, rng)
+  if method == "label_groups":
+    return label_groups(labels, num_clients, group_proportions, alpha, rng).parts
   if method == "dirichlet":
     return dirichlet(labels, num_clients, alpha, rng)
   return dirichlet_flgo(labels, num_clients, alpha, rng)
@@ -88,6 +97,61 @@ def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[
   labels = _check_labels(labels, num_clients)
   order = rng.permutation(len(labels)).astype(np.int64)
   return [part.copy() for part in np.array_split(order, num_clients)]
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelGroups:
+  """A `label_groups` partition: the per-client index arrays and the planted structure behind them."""
+
+  parts: list[np.ndarray]  # one index array per client
+  client_group: np.ndarray  # [N] the group of each client
+  group_labels: list[np.ndarray]  # the label values of each group (disjoint)
+
+
+def split_counts(total: int, proportions: tuple[float, ...] | np.ndarray) -> np.ndarray:
+  """`total` split into integer counts in the given proportions (largest remainders), each >= 1."""
+  p = np.asarray(proportions, dtype=np.float64)
+  p = p / p.sum()
+  if total < len(p):
+    raise ValueError(f"cannot split {total} items into {len(p)} non-empty groups")
+  raw = p * total
+  counts = np.floor(raw).astype(np.int64)
+  for g in np.argsort(-(raw - counts), kind="stable")[: total - counts.sum()]:
+    counts[g] += 1
+  while counts.min() == 0:  # a tiny proportion still gets one item, taken from the largest group
+    counts[np.argmax(counts)] -= 1
+    counts[np.argmin(counts)] += 1
+  return counts
+
+
+def label_groups(labels: np.ndarray, num_clients: int, group_proportions: tuple[float, ...], alpha: float,
+                 rng: np.random.Generator) -> LabelGroups:
+  """CASA's grouped label-skew partition (Appendix A.2.4).
+
+  1. Clients 0..N-1 are cut, in order, into G groups of sizes `split_counts(N, proportions)`.
+  2. The sorted label values are cut, in order, into G disjoint sets of sizes
+     `split_counts(#labels, proportions)` (10 labels, {0.2, 0.2, 0.3, 0.3} -> {0,1}, {2,3}, {4,5,6},
+     {7,8,9}: "label 0 and label 1 are only held by group 0").
+  3. Inside each group, the samples of its labels are divided among its clients by `dirichlet`
+     (q_i ~ Dir(alpha * 1) per client, sizes |D_g| / N_g), so every sample is assigned exactly once.
+  With fewer clients or labels than groups, only the first min(N, #labels) proportions are used.
+  """
+  labels = _check_labels(labels, num_clients)
+  _check_alpha(alpha)
+  classes = np.unique(labels)
+  # With fewer clients or labels than groups, only the first groups can exist (config validation
+  # rejects such a run; this keeps the partitioner total for any 1 <= num_clients, as the others are).
+  group_proportions = tuple(group_proportions)[: min(num_clients, len(classes))]
+  client_counts = split_counts(num_clients, group_proportions)
+  label_counts = split_counts(len(classes), group_proportions)
+  client_group = np.repeat(np.arange(len(client_counts)), client_counts)
+  group_labels = np.split(classes, np.cumsum(label_counts)[:-1])
+  parts: list[np.ndarray] = []
+  for g, members in enumerate(np.split(np.arange(num_clients), np.cumsum(client_counts)[:-1])):
+    rows = np.flatnonzero(np.isin(labels, group_labels[g]))
+    inner = dirichlet(labels[rows], len(members), alpha, rng)
+    parts += [rows[part] for part in inner]
+  return LabelGroups(parts=parts, client_group=client_group, group_labels=list(group_labels))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,6 +5,12 @@
   is x = low * (1 - u (1 - (low/high)^a))^(-1/a); with a = 1, low = 10, high = 500 the median is about
   20 and 90% of clients answer within ~90 units, while a few take up to 500: "most response times
   cluster around" `low`, as the paper's Table 4 describes, with a tail to `high`.
+
+Slow devices (CASA's setting, its Appendix A.2.2: 30% of clients at 5x the latency of normal ones):
+with `slow_fraction` > 0, a fixed set of round(slow_fraction * N) clients, drawn without replacement
+from the latency generator right after the per-client times, has every response time multiplied by
+`slow_factor` (rounded to an integer; `per_dispatch` draws are multiplied too). With `slow_fraction`
+= 0 no extra draw is made, so every run without slow devices is unchanged bit for bit.
 """
 
 from __future__ import annotations
@@ -28,15 +34,25 @@ class LatencyModel:
   """Each client's response time: drawn once per client (`fixed`) or at every dispatch (`per_dispatch`)."""
 
   def __init__(self, num_clients: int, distribution: str, low: int, high: int, shape: float,
-               resample: str, rng: np.random.Generator):
+               resample: str, rng: np.random.Generator, slow_fraction: float = 0.0, slow_factor: float = 5.0):
     self.rng = rng
     self._draw = lambda n: draw_response_times(distribution, n, low, high, shape, rng)
     self.resample = resample
     self.fixed = self._draw(num_clients)
+    self.slow_factor = float(slow_factor)
+    self.slow = np.zeros(num_clients, dtype=bool)  # the slow devices (fixed for the run)
+    num_slow = int(round(slow_fraction * num_clients))
+    if num_slow > 0:  # (no draw when off: runs without slow devices keep their exact latencies)
+      self.slow[rng.choice(num_clients, size=num_slow, replace=False)] = True
+      self.fixed = self._slowed(self.fixed, self.slow)
+
+  def _slowed(self, times: np.ndarray, slow: np.ndarray) -> np.ndarray:
+    """`times` with the entries of slow devices multiplied by `slow_factor` (integers)."""
+    return np.where(slow, np.rint(times * self.slow_factor), times).astype(np.int64)
 
   def response_time(self, client: int) -> int:
     if self.resample == "per_dispatch":
-      return int(self._draw(1)[0])
+      return int(self._slowed(self._draw(1), self.slow[client:client + 1])[0])
     return int(self.fixed[client])
 
   def state_dict(self) -> dict:

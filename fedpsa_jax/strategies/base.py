@@ -21,7 +21,15 @@ the event heap or the dataset; the runner never looks inside its state. The runn
   both in `ClientJob`; `job` may be None for payloads that need neither);
 - `receive(state, arrivals) -> (state, changed)`: all arrivals of one event time; `changed` says that
   a round happened, the only thing the host loop must know;
+- `dispatched(state, client) -> state`: told that `client` was just dispatched (with `params_for`);
+  default: the state unchanged (CASA records the client's start round for its buffer pruning);
 - `eval_params(state)`: what the test set is evaluated on;
+- `personal_models(state) -> (models, assignment)`: for personalised evaluation on each client's local
+  test split (`data.client_test_fraction` > 0): a list of parameter trees and, per client, the index
+  of the model it is evaluated with. Default: `([eval_params(state)], zeros(N))`; CASA: its cluster
+  models and the client-to-cluster assignment;
+- `eval_records(state)`: JSON-able extras (lists allowed) added to each metrics.jsonl record at an
+  evaluation only (CASA: the cluster assignments); default `{}`;
 - `diagnostics(state)` / `event_records(state, arrivals)`: scalars for metrics.jsonl and events.jsonl,
   pulled to the host only when they are written;
 - `payload_bytes(payload)`, `upload_bytes(arrival)`, `download_bytes(params, aux)`: communication
@@ -148,8 +156,22 @@ class Strategy:
   def receive(self, state: State, arrivals: Sequence[Arrival]) -> tuple[State, bool]:
     raise NotImplementedError
 
+  def dispatched(self, state: State, client: int) -> State:
+    """The state after `client` is dispatched (called right after `params_for`/`client_aux`)."""
+    del client
+    return state
+
   def eval_params(self, state: State) -> Params:
     return state.params
+
+  def personal_models(self, state: State) -> tuple[list[Params], np.ndarray]:
+    """(models, assignment[N]): client i's personalised model is `models[assignment[i]]`."""
+    return [self.eval_params(state)], np.zeros(self.ctx.num_clients, dtype=np.int64)
+
+  def eval_records(self, state: State) -> dict[str, Any]:
+    """JSON-able values written into each evaluation's metrics record (not into events.jsonl)."""
+    del state
+    return {}
 
   def diagnostics(self, state: State) -> dict[str, float]:
     del state

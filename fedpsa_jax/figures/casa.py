@@ -1,0 +1,72 @@
+"""CASA's report figure: the clusters over time (issue #9).
+
+`run_figures(run_dir, out_dir)` reads a run directory (config.json, metrics.jsonl) and, for a CASA run,
+draws `casa_clusters.png`: on top, each client's cluster (colour) at every evaluation (x: virtual day,
+y: client); below, the number of clusters and the global and personalised test accuracy. Other runs
+get no figure ([]).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.ticker  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from fedpsa_jax import io  # noqa: E402
+
+
+def cluster_matrix(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+  """(days [T], assignments [N, T]) from the metrics records that carry `clusters`."""
+  rows = [r for r in records if "clusters" in r]
+  days = np.array([r["day"] for r in rows], dtype=np.float64)
+  clusters = np.array([r["clusters"] for r in rows], dtype=np.int64).T if rows else np.zeros((0, 0), np.int64)
+  return days, clusters
+
+
+def run_figures(run_dir: str, out_dir: str) -> list[str]:
+  """Paths of the PNGs drawn for the run in `run_dir` (written to `out_dir`); [] if it is not CASA."""
+  config_path = os.path.join(run_dir, "config.json")
+  if not os.path.exists(config_path):
+    return []
+  with open(config_path) as f:
+    if json.load(f).get("method") != "casa":
+      return []
+  records = [io.restore_nonfinite(r) for r in io.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
+  days, clusters = cluster_matrix(records)
+  if clusters.size == 0:
+    return []
+  os.makedirs(out_dir, exist_ok=True)
+  fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=(2, 1),
+                                    layout="constrained")
+  # Step edges: each evaluation's assignment holds until the next one.
+  edges = np.append(days, days[-1] + (days[-1] - days[-2] if len(days) > 1 else 1e-3))
+  num = int(clusters.max()) + 1
+  cmap = plt.get_cmap("tab10" if num <= 10 else "tab20", max(num, 2))
+  mesh = top.pcolormesh(edges, np.arange(clusters.shape[0] + 1) - 0.5, clusters, cmap=cmap, vmin=-0.5,
+                        vmax=max(num, 2) - 0.5, shading="flat")
+  fig.colorbar(mesh, ax=top, ticks=range(num), label="cluster")
+  top.set_ylabel("client")
+  top.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+  top.set_title("CASA: cluster of each client over time")
+  bottom.step(days, [len(set(c)) for c in clusters.T], where="post", color="k", label="clusters")
+  bottom.set_ylabel("clusters")
+  bottom.set_xlabel("virtual day")
+  acc = bottom.twinx()
+  rows = [r for r in records if "clusters" in r]
+  acc.plot(days, [r["test_accuracy"] for r in rows], color="tab:blue", label="global test accuracy")
+  if all("personalized_accuracy" in r for r in rows):
+    acc.plot(days, [r["personalized_accuracy"] for r in rows], color="tab:orange", label="personalised accuracy")
+  acc.set_ylabel("accuracy")
+  acc.set_ylim(0, 1)
+  lines = bottom.get_legend_handles_labels()[0] + acc.get_legend_handles_labels()[0]
+  bottom.legend(lines, [line.get_label() for line in lines], loc="lower right", fontsize=8)
+  path = os.path.join(out_dir, "casa_clusters.png")
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return [path]
