@@ -105,7 +105,8 @@ def build_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedDat
                          holdout_fraction=config.data.holdout_fraction,
                          rng=seeding.host_rng(config.seed, "data"), data_dir=config.data.data_dir)
   parts = partition_labels(dataset.y_train, config.partition.num_clients, config.partition.method,
-                           config.partition.alpha, seeding.host_rng(config.seed, "partition"))
+                           config.partition.alpha, seeding.host_rng(config.seed, "partition"),
+                           min_labels=config.partition.min_labels, max_labels=config.partition.max_labels)
   return dataset, build_federated_data(dataset, parts)
 
 
