@@ -241,25 +241,25 @@ def almu_payload(apply_fn: Callable, names: tuple[str, ...], num_classes: int, p
 # --- AGMA (server) ----------------------------------------------------------------------------------
 
 
-def staleness_level(current_round: int, rounds_hat: np.ndarray) -> np.ndarray:
+def staleness_level(current_round: jax.Array | int, rounds_hat: jax.Array) -> jax.Array:
   """Eq. 10: LIS_k = (e/2)^(−(r − r̂_k))."""
-  return STALENESS_BASE ** -(current_round - np.asarray(rounds_hat, np.float64))
+  return STALENESS_BASE ** -(jnp.asarray(current_round, jnp.float32) - jnp.asarray(rounds_hat, jnp.float32))
 
 
-def _share(values: np.ndarray) -> np.ndarray:
+def _share(values: jax.Array) -> jax.Array:
   """values / Σ values, or uniform if they sum to 0 (e.g. every queued client holds a single label: IE = 0)."""
-  total = values.sum()
-  return values / total if total > 0 else np.full(values.shape, 1.0 / len(values))
+  total = jnp.sum(values)
+  return jnp.where(total > 0, values / jnp.where(total > 0, total, 1.0), 1.0 / values.shape[0])
 
 
-def aggregation_weights(sizes: np.ndarray, lis: np.ndarray, lir: np.ndarray, use_lis: bool = True,
-                        use_lir: bool = True) -> np.ndarray:
+def aggregation_weights(sizes: jax.Array, lis: jax.Array, lir: jax.Array, use_lis: bool = True,
+                        use_lir: bool = True) -> jax.Array:
   """Eq. 15: β_k = (n_k / Σn) (LIS_k / ΣLIS) (LIR_k / ΣLIR); a switched-off factor is left out."""
-  beta = _share(np.asarray(sizes, np.float64))
+  beta = _share(jnp.asarray(sizes, jnp.float32))
   if use_lis:
-    beta = beta * _share(np.asarray(lis, np.float64))
+    beta = beta * _share(jnp.asarray(lis, jnp.float32))
   if use_lir:
-    beta = beta * _share(np.asarray(lir, np.float64))
+    beta = beta * _share(jnp.asarray(lir, jnp.float32))
   return beta
 
 
@@ -295,22 +295,34 @@ def layerwise_update(params: Params, starts: tuple, deltas: tuple, masks: jax.Ar
   return {**params, "params": layers}
 
 
+@functools.partial(jax.jit, static_argnames=("names", "senders_only", "use_lis", "use_lir"))
+def agma_step(params: Params, starts: tuple, deltas: tuple, masks: tuple, lirs: tuple, sizes: jax.Array,
+              rounds_hat: jax.Array, current_round: jax.Array, names: tuple[str, ...], senders_only: bool,
+              use_lis: bool, use_lir: bool) -> tuple[Params, jax.Array]:
+  """One AGMA round on the queue: β (Eqs. 10-15) and the layer-wise update (Eq. 6); returns the new
+  parameters and β / Σβ."""
+  lis = staleness_level(current_round, rounds_hat)
+  beta = aggregation_weights(sizes, lis, jnp.stack(lirs), use_lis, use_lir)
+  new = layerwise_update(params, starts, deltas, jnp.stack(masks).astype(jnp.float32), beta, names, senders_only)
+  return new, beta / jnp.sum(beta)
+
+
 @flax.struct.dataclass
 class AiFedState:
   params: Params
   starts: tuple = ()  # queued θ_start_k (the global model client k started from)
   deltas: tuple = ()  # queued Δ_k (only the layers in its mask are used)
-  # Host fields: the queue's metadata and the run's upload counts (small; read once per arrival).
-  masks: tuple = flax.struct.field(pytree_node=False, default=())  # per queued model: tuple of L bools
+  masks: tuple = ()  # queued upload masks [L] (device bools)
+  lirs: tuple = ()  # queued LIR_k (device scalars)
+  last_weights: jax.Array | None = None  # β / Σβ of the last aggregation (diagnostics)
+  # Host fields: the queue's metadata and the run's upload counts.
   rounds_hat: tuple = flax.struct.field(pytree_node=False, default=())  # r̂_k
   sizes: tuple = flax.struct.field(pytree_node=False, default=())  # n_k
-  lirs: tuple = flax.struct.field(pytree_node=False, default=())  # LIR_k
   round: int = flax.struct.field(pytree_node=False, default=0)  # aggregations so far (= the runner's round)
   next_tick: int = flax.struct.field(pytree_node=False, default=0)  # timer: the next aggregation time
   arrivals: int = flax.struct.field(pytree_node=False, default=0)  # updates received (empty ones included)
   empty_uploads: int = flax.struct.field(pytree_node=False, default=0)  # clients that sent no layer
   layer_uploads: tuple = flax.struct.field(pytree_node=False, default=())  # per layer: times it was sent
-  last_weights: tuple | None = flax.struct.field(pytree_node=False, default=None)  # β̂ of the last aggregation
 
 
 @register("aifed")
@@ -397,35 +409,36 @@ class AiFed(Strategy):
   # --- server ---------------------------------------------------------------------------------------
 
   def _enqueue(self, state: AiFedState, arrivals: Sequence[Arrival]) -> AiFedState:
-    starts, deltas, masks = list(state.starts), list(state.deltas), list(state.masks)
-    rounds_hat, sizes, lirs = list(state.rounds_hat), list(state.sizes), list(state.lirs)
+    starts, deltas, masks, lirs = list(state.starts), list(state.deltas), list(state.masks), list(state.lirs)
+    rounds_hat, sizes = list(state.rounds_hat), list(state.sizes)
     uploads, empty = list(state.layer_uploads), state.empty_uploads
     for a in arrivals:
-      sent = jax.device_get(a.payload["sent"])
-      mask = tuple(bool(m) for m in np.asarray(sent["mask"]))
-      uploads = [u + m for u, m in zip(uploads, mask)]
-      if not any(mask):
-        empty += 1  # nothing was sent: the server never sees this update
-        continue
+      mask = a.payload["sent"]["mask"]
+      if not isinstance(mask, jax.core.Tracer):  # (traced only when profiling the server step)
+        host_mask = np.asarray(jax.device_get(mask), bool)  # the host decides: is anything sent at all?
+        uploads = [u + int(m) for u, m in zip(uploads, host_mask)]
+        if not host_mask.any():
+          empty += 1  # nothing was sent: the server never sees this update
+          continue
       starts.append(a.params_start)
       deltas.append(a.delta)
       masks.append(mask)
+      lirs.append(a.payload["sent"]["lir"])
       rounds_hat.append(a.dispatch_round)
       sizes.append(a.num_samples)
-      lirs.append(float(sent["lir"]))
-    return state.replace(starts=tuple(starts), deltas=tuple(deltas), masks=tuple(masks), rounds_hat=tuple(rounds_hat),
-                         sizes=tuple(sizes), lirs=tuple(lirs), layer_uploads=tuple(uploads), empty_uploads=empty,
-                         arrivals=state.arrivals + len(arrivals))
+    return state.replace(starts=tuple(starts), deltas=tuple(deltas), masks=tuple(masks), lirs=tuple(lirs),
+                         rounds_hat=tuple(rounds_hat), sizes=tuple(sizes), layer_uploads=tuple(uploads),
+                         empty_uploads=empty, arrivals=state.arrivals + len(arrivals))
 
   def aggregate(self, state: AiFedState) -> AiFedState:
     """One round of AGMA on the whole queue (Algorithm 1 part 2, lines 4-11); the queue is emptied."""
     current = state.round + 1  # "increasing the global round to r" comes first
-    lis = staleness_level(current, np.asarray(state.rounds_hat))
-    beta = aggregation_weights(np.asarray(state.sizes), lis, np.asarray(state.lirs), self.use_lis, self.use_lir)
-    params = layerwise_update(state.params, state.starts, state.deltas, jnp.asarray(np.array(state.masks), jnp.float32),
-                              jnp.asarray(beta, jnp.float32), self._names, self.hparams.normalisation == "senders")
-    return state.replace(params=params, starts=(), deltas=(), masks=(), rounds_hat=(), sizes=(), lirs=(),
-                         round=current, last_weights=tuple(float(b) for b in beta / beta.sum()))
+    params, weights = agma_step(
+        state.params, state.starts, state.deltas, state.masks, state.lirs, jnp.asarray(state.sizes, jnp.float32),
+        jnp.asarray(state.rounds_hat, jnp.float32), jnp.float32(current), names=self._names,
+        senders_only=self.hparams.normalisation == "senders", use_lis=self.use_lis, use_lir=self.use_lir)
+    return state.replace(params=params, starts=(), deltas=(), masks=(), lirs=(), rounds_hat=(), sizes=(),
+                         round=current, last_weights=weights)
 
   def receive(self, state: AiFedState, arrivals: Sequence[Arrival]) -> tuple[AiFedState, bool]:
     h = self.hparams
@@ -470,7 +483,7 @@ class AiFed(Strategy):
       out["byte_upload_fraction"] = float(sent @ self._layer_bytes / (state.arrivals * self._layer_bytes.sum()))
       out["layer_upload_rate"] = {name: float(s / state.arrivals) for name, s in zip(self._names, sent)}
     if state.last_weights is not None:
-      out["weights"] = list(state.last_weights)
+      out["weights"] = [float(w) for w in jax.device_get(state.last_weights)]
     return out
 
   def event_records(self, state: AiFedState, arrivals: Sequence[Arrival]) -> list[dict[str, Any]]:
