@@ -314,6 +314,8 @@ class Simulation:
         "client_compute_seconds": self.executor.train_seconds,
         "server_compute_seconds": self.server_seconds,
         "bytes_uploaded": self.bytes_uploaded, "bytes_downloaded": self.bytes_downloaded,
+        # Accumulated upload in MiB (2^20 bytes): AiFed's cost_a (Eq. 17: 4 bytes per parameter / 1024²).
+        "uploaded_mb": self.bytes_uploaded / 2 ** 20,
         "upload_bytes_per_update": self.bytes_uploaded / self.client_updates if self.client_updates else 0.0,
         "download_bytes_per_update": (self.bytes_downloaded / self.client_updates
                                       if self.client_updates else 0.0),
