@@ -15,6 +15,7 @@ import scipy.spatial.distance
 import scipy.stats
 
 from fedpsa_jax import config as config_lib
+from fedpsa_jax.figures import aifed as aifed_figures
 from fedpsa_jax.models import TinyMLP
 from fedpsa_jax.sim import runner
 from fedpsa_jax.strategies import Arrival, ClientJob, StrategyContext
@@ -327,18 +328,19 @@ def test_upload_bytes_are_the_sent_layers_plus_the_small_payload():
 
 
 @pytest.fixture(scope="module")
-def runs():
+def runs(tmp_path_factory):
   """AiFed and FedBuff on the same short run of the embedded MNIST subset (2-6 labels per client)."""
   out = {}
   for method in ("aifed", "fedbuff"):
+    workdir = str(tmp_path_factory.mktemp(method))
     sim = runner.Simulation(small_config(method, model="tiny_mlp", days=0.02, partition__method="labels_per_client",
-                                         local__epochs=2))
-    out[method] = (sim, sim.finish())
+                                         local__epochs=2), workdir)
+    out[method] = (sim, sim.finish(), workdir)
   return out
 
 
 def test_end_to_end_bytes_match_the_layers_sent(runs):
-  sim, summary = runs["aifed"]
+  sim, summary, _ = runs["aifed"]
   state = sim.state
   layer_bytes = [4 * sum(np.size(x) for x in jax.tree.leaves(sim.state.params["params"][name]))
                  for name in sim.strategy.layers]
@@ -350,11 +352,22 @@ def test_end_to_end_bytes_match_the_layers_sent(runs):
 
 
 def test_end_to_end_aifed_uploads_less_than_fedbuff_and_learns(runs):
-  (_, ai), (_, fb) = runs["aifed"], runs["fedbuff"]
+  (_, ai, _), (_, fb, _) = runs["aifed"], runs["fedbuff"]
   assert ai["status"] == "completed" and ai["client_updates"] > 20
   assert ai["upload_bytes_per_update"] < fb["upload_bytes_per_update"]
   assert ai["uploaded_mb"] == ai["bytes_uploaded"] / 2 ** 20  # cost_a of Eq. 17 (MiB)
   assert ai["best_test_accuracy"] > 0.4  # chance is 0.1
+
+
+def test_figure_plots_accuracy_against_accumulated_upload(runs, tmp_path):
+  dirs = [runs[m][2] for m in ("aifed", "fedbuff")]
+  paths = aifed_figures.group_figures(dirs, str(tmp_path / "figs"))
+  assert len(paths) == 1 and open(paths[0], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+  for method in ("aifed", "fedbuff"):
+    sim, summary, workdir = runs[method]
+    mb, acc = aifed_figures.accuracy_vs_upload(workdir)
+    assert acc == [r["test_accuracy"] for r in sim.history]
+    assert mb[0] == 0.0 and mb[-1] == summary["uploaded_mb"] and mb == sorted(mb)
 
 
 # --- config -----------------------------------------------------------------------------------------
