@@ -370,6 +370,18 @@ def test_figure_plots_accuracy_against_accumulated_upload(runs, tmp_path):
     assert mb[0] == 0.0 and mb[-1] == summary["uploaded_mb"] and mb == sorted(mb)
 
 
+def test_full_upload_variant_on_a_timer_sends_whole_models():
+  """AGMA-LN (no ALMU) on a timer: every update uploads every layer, and rounds follow the timer."""
+  c = small_config("aifed", model="linear", days=0.01, partition__method="labels_per_client")
+  c.aifed.variant, c.aifed.lir, c.aifed.trigger, c.aifed.period = "agma", "label_number", "timer", 60
+  sim = runner.Simulation(c)
+  summary = sim.finish()
+  model_bytes = 4 * sum(np.size(x) for x in jax.tree.leaves(sim.state.params))
+  assert summary["bytes_uploaded"] == summary["client_updates"] * (model_bytes + 1 + 12)
+  assert sim.state.empty_uploads == 0 and summary["client_updates"] > 10
+  assert 0 < summary["rounds"] <= sim.now // 60  # at most one round per tick
+
+
 # --- config -----------------------------------------------------------------------------------------
 
 
