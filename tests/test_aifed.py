@@ -200,9 +200,32 @@ def test_threshold_uses_delta_acc_and_variants_without_almu_send_everything():
   assert local["delta_acc"] != 0.0
   np.testing.assert_allclose(local["threshold"], 1 / (1 + math.exp(-(0.4 * 2 - 3.0 * local["delta_acc"]))), rtol=1e-5)
   np.testing.assert_array_equal(payload["sent"]["mask"], local["rc"] >= local["threshold"])
+  strategy, _ = _strategy(alpha_round=0.4, alpha_acc=-3.0, accuracy_data="local", upload_when="changed")
+  np.testing.assert_array_equal(strategy.client_payload(PARAMS0, end, job)["sent"]["mask"],
+                                local["rc"] < local["threshold"])
   for variant in ("agma", "lis", "lir"):
     strategy, _ = _strategy(variant=variant)
     assert np.asarray(strategy.client_payload(PARAMS0, end, job)["sent"]["mask"]).all()
+
+
+def test_client_payload_vmaps_over_a_leading_client_axis():
+  """The ALMU function is pure in arrays: vmapped over three clients it equals three separate calls."""
+  rng = np.random.default_rng(11)
+  x_all, y_all, _, _ = _client_data(rng)
+  rows = jnp.asarray(np.stack([rng.permutation(40)[:30] for _ in range(3)]), jnp.int32)
+  sizes = jnp.array([30, 12, 21], jnp.int32)
+  ends = [_random_like(PARAMS0, rng, 0.3) for _ in range(3)]
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *ends)
+  strategy, _ = _strategy(accuracy_data="local", accuracy_batch_size=8)
+  keys = jnp.stack([jax.random.fold_in(strategy._key, c) for c in range(3)])
+  rounds = jnp.array([0, 3, 9], jnp.int32)
+  batched = jax.vmap(strategy._payload, in_axes=(None, 0, None, None, 0, 0, 0, 0))(
+      PARAMS0, stacked, x_all, y_all, rows, sizes, rounds, keys)
+  for c in range(3):
+    job = ClientJob(client=c, x_all=x_all, y_all=y_all, index_row=rows[c], num_samples=int(sizes[c]), aux=rounds[c])
+    single = strategy.client_payload(PARAMS0, ends[c], job)
+    jax.tree.map(lambda b, s: np.testing.assert_allclose(np.asarray(b[c], np.float64), np.asarray(s, np.float64),
+                                                         rtol=1e-5, atol=1e-6), batched, single)
 
 
 def test_lir_is_entropy_in_bits_or_label_number():
@@ -386,11 +409,11 @@ def test_full_upload_variant_on_a_timer_sends_whole_models():
 
 
 def test_validation_names_each_bad_field():
-  cfg = _cfg(variant="both", lir="gini", trigger="clock", normalisation="none", accuracy_data="test",
+  cfg = _cfg(variant="both", lir="gini", trigger="clock", normalisation="none", accuracy_data="test", upload_when="never",
              stimuli_per_class=0, num_pairs=-2, period=0, alpha_round=float("nan"), alpha_acc=float("inf"), buffer_size=99)
   errors = "\n".join(config_lib.config_errors(cfg))
   for field, value in (("variant", "'both'"), ("lir", "'gini'"), ("trigger", "'clock'"), ("normalisation", "'none'"),
-                       ("accuracy_data", "'test'"), ("stimuli_per_class", "0"), ("num_pairs", "-2"), ("period", "0"),
+                       ("accuracy_data", "'test'"), ("upload_when", "'never'"), ("stimuli_per_class", "0"), ("num_pairs", "-2"), ("period", "0"),
                        ("alpha_round", "nan"), ("alpha_acc", "inf"), ("buffer_size", "99")):
     assert f"aifed.{field}={value} is invalid; allowed:" in errors, field
   assert not config_lib.config_errors(_cfg())

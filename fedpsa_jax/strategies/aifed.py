@@ -16,6 +16,8 @@ ALMU, the client (Sec. IV-A, Algorithm 1 part 1), one jitted pure function of ar
   local model (Eq. 8);
 - AT = 1 / (1 + exp(-(α_r̂ r̂ + α_acc δ_acc))) (Eq. 9), r̂ the round of the received model;
 - layer l is uploaded iff rc_l >= AT (Eq. 8 as printed); nothing is sent when no layer qualifies.
+  The prose ("filter out redundant knowledge") also fits the opposite reading, sending the layers whose
+  representations changed: `upload_when='changed'` uploads iff rc_l < AT (default: as printed).
 It sends the chosen layers with its mask, r̂, n and its level of information richness, LIR (below).
 
 AGMA, the server (Sec. IV-B, Algorithm 1 part 2): received (partial) models wait in a queue; an
@@ -89,6 +91,7 @@ TRIGGERS = ("counter", "timer")
 LIR_KINDS = ("entropy", "label_number")
 NORMALISATIONS = ("lum", "senders")
 ACCURACY_DATA = ("stimuli", "local")
+UPLOAD_RULES = ("consistent", "changed")
 STALENESS_BASE = math.e / 2.0  # Eq. 10
 
 
@@ -196,7 +199,7 @@ def _local_accuracy(apply_fn, params, x_all, labels, index_row, valid, batch_siz
 
 def almu_payload(apply_fn: Callable, names: tuple[str, ...], num_classes: int, per_class: int, num_pairs: int,
                  alpha_round: float, alpha_acc: float, use_almu: bool, accuracy_data: str, lir_kind: str,
-                 batch_size: int, params_start: Params, params_end: Params, x_all: jax.Array, y_all: jax.Array,
+                 batch_size: int, upload_when: str, params_start: Params, params_end: Params, x_all: jax.Array, y_all: jax.Array,
                  index_row: jax.Array, num_samples: jax.Array, round_hat: jax.Array,
                  key: jax.Array) -> dict[str, dict[str, jax.Array]]:
   """The client's upload decision (ALMU, Algorithm 1 lines 2-9) and LIR (Eq. 11), pure and jittable
@@ -231,7 +234,7 @@ def almu_payload(apply_fn: Callable, names: tuple[str, ...], num_classes: int, p
                                     valid=valid.astype(jnp.float32), batch_size=batch_size)
       delta_acc = local_acc(params_end) - local_acc(params_start)
     threshold = adaptive_threshold(round_hat, delta_acc, alpha_round, alpha_acc)
-    mask = rc >= threshold
+    mask = rc >= threshold if upload_when == "consistent" else rc < threshold
     local = {"rc": rc, "threshold": threshold, "delta_acc": delta_acc}
   sent = {"mask": mask, "round": jnp.asarray(round_hat, jnp.int32), "num_samples": jnp.asarray(num_samples, jnp.int32),
           "lir": lir}
@@ -342,6 +345,7 @@ class AiFed(Strategy):
     # both convs, 0.5-0.95 for Dense_0, 0.3-0.9 for Dense_1 and 0-0.86 for the output layer.
     c.alpha_round = 0.005
     c.alpha_acc = -1.0
+    c.upload_when = "consistent"  # upload layer l iff consistent: rc_l >= AT (Eq. 8 as printed) | changed: rc_l < AT
     c.accuracy_data = "stimuli"  # δ_acc measured on: stimuli (free) | local (all the client's training data)
     c.accuracy_batch_size = 500  # accuracy_data=local: samples per forward pass (memory only)
     c.trigger = "counter"  # aggregate on a counter (buffer_size models queued) | timer (every `period` units)
@@ -355,7 +359,8 @@ class AiFed(Strategy):
     c = config.aifed
     errors = []
     for field, allowed in (("variant", VARIANTS), ("lir", LIR_KINDS), ("trigger", TRIGGERS),
-                           ("normalisation", NORMALISATIONS), ("accuracy_data", ACCURACY_DATA)):
+                           ("normalisation", NORMALISATIONS), ("accuracy_data", ACCURACY_DATA),
+                           ("upload_when", UPLOAD_RULES)):
       if c[field] not in allowed:
         errors.append(f"aifed.{field}={c[field]!r} is invalid; allowed: {', '.join(allowed)}")
     for field in ("stimuli_per_class", "num_pairs", "period", "accuracy_batch_size"):
@@ -388,7 +393,7 @@ class AiFed(Strategy):
     self._payload = jax.jit(functools.partial(
         almu_payload, self.ctx.apply_fn, self._names, self.ctx.num_classes, int(h.stimuli_per_class),
         int(h.num_pairs), float(h.alpha_round), float(h.alpha_acc), self.use_almu, h.accuracy_data, h.lir,
-        int(h.accuracy_batch_size)))
+        int(h.accuracy_batch_size), h.upload_when))
     return AiFedState(params=params, next_tick=int(h.period), layer_uploads=(0,) * len(self._names))
 
   @property
