@@ -9,8 +9,8 @@ target for non-IID MNIST). The paper runs 400 rounds; 1 virtual day here is ~2,7
 (~540 rounds at K = 5) with the default response times (uniform on [10, 500] units).
 
 `:smoke`: the same on the embedded `mnist_5k` (no download; the holdout test split), 0.015 virtual days
-(~35 client updates; ~2 minutes on a busy 2-core CPU, where 0.02 days took 3 minutes and reached 0.65). Its lr is 0.05: at the paper's 0.003, plain SGD
-moves too little in so few updates to show learning.
+(~35 client updates; ~2 minutes on a busy 2-core CPU, where 0.02 days took 3 minutes and reached 0.65).
+Its lr is 0.05: at the paper's 0.003, plain SGD moves too little in so few updates to show learning.
 
 `arg`: `smoke` and/or comma-separated overrides (`configs/aifed.py:smoke,method=fedbuff`,
 `configs/aifed.py:aifed.variant=almu,aifed.lir=label_number`).

@@ -1,4 +1,5 @@
-"""The paper's models (Sec. 6.1; `aifed_cnn`: AiFed's Sec. V-A) as pure Flax Linen modules, used as `model.apply(params, x)`.
+"""The paper's models (Sec. 6.1; `aifed_cnn`: AiFed's Sec. V-A) as pure Flax Linen modules, used as
+`model.apply(params, x)`.
 
 Inputs are NHWC float32 images; every model flattens what it needs itself, so any model can be paired
 with any dataset whose images it accepts.

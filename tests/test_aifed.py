@@ -409,11 +409,13 @@ def test_full_upload_variant_on_a_timer_sends_whole_models():
 
 
 def test_validation_names_each_bad_field():
-  cfg = _cfg(variant="both", lir="gini", trigger="clock", normalisation="none", accuracy_data="test", upload_when="never",
-             stimuli_per_class=0, num_pairs=-2, period=0, alpha_round=float("nan"), alpha_acc=float("inf"), buffer_size=99)
+  cfg = _cfg(variant="both", lir="gini", trigger="clock", normalisation="none", accuracy_data="test",
+             upload_when="never", stimuli_per_class=0, num_pairs=-2, period=0, alpha_round=float("nan"),
+             alpha_acc=float("inf"), buffer_size=99)
   errors = "\n".join(config_lib.config_errors(cfg))
   for field, value in (("variant", "'both'"), ("lir", "'gini'"), ("trigger", "'clock'"), ("normalisation", "'none'"),
-                       ("accuracy_data", "'test'"), ("upload_when", "'never'"), ("stimuli_per_class", "0"), ("num_pairs", "-2"), ("period", "0"),
+                       ("accuracy_data", "'test'"), ("upload_when", "'never'"), ("stimuli_per_class", "0"),
+                       ("num_pairs", "-2"), ("period", "0"),
                        ("alpha_round", "nan"), ("alpha_acc", "inf"), ("buffer_size", "99")):
     assert f"aifed.{field}={value} is invalid; allowed:" in errors, field
   assert not config_lib.config_errors(_cfg())

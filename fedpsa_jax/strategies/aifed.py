@@ -64,7 +64,8 @@ Adaptations (the paper is silent or ambiguous; the authors' code, see papers/aif
 - Timer: the strategy sees time only through `Arrival.arrival_time`, so a tick that passes between
   arrivals fires at the next arrival, aggregating the queue as it stood at the tick (arrivals exactly
   at the tick included, later ones queued for the next tick). Dispatches happen only right after
-  arrivals, so the model a client receives is the same as with a free-running timer.
+  arrivals, so the model a client receives is the same as with a free-running timer. The jitted AGMA
+  step compiles once per queue length K, so a timer (K varies) compiles a few shapes early in a run.
 - What a client sends (`payload['sent']`: mask, r̂, n, LIR) is what `upload_bytes` counts with the
   uploaded layers; `payload['local']` (rc_l, AT, δ_acc) stays on the client for diagnostics.
 """
@@ -193,14 +194,15 @@ def _local_accuracy(apply_fn, params, x_all, labels, index_row, valid, batch_siz
   for start in range(0, index_row.shape[0], batch_size):
     rows = index_row[start:start + batch_size]
     logits = apply_fn(params, jnp.take(x_all, rows, axis=0))
-    hits = hits + jnp.sum((jnp.argmax(logits, -1) == labels[start:start + batch_size]) * valid[start:start + batch_size])
+    chunk = slice(start, start + batch_size)
+    hits = hits + jnp.sum((jnp.argmax(logits, -1) == labels[chunk]) * valid[chunk])
   return hits / jnp.maximum(jnp.sum(valid), 1.0)
 
 
 def almu_payload(apply_fn: Callable, names: tuple[str, ...], num_classes: int, per_class: int, num_pairs: int,
                  alpha_round: float, alpha_acc: float, use_almu: bool, accuracy_data: str, lir_kind: str,
-                 batch_size: int, upload_when: str, params_start: Params, params_end: Params, x_all: jax.Array, y_all: jax.Array,
-                 index_row: jax.Array, num_samples: jax.Array, round_hat: jax.Array,
+                 batch_size: int, upload_when: str, params_start: Params, params_end: Params, x_all: jax.Array,
+                 y_all: jax.Array, index_row: jax.Array, num_samples: jax.Array, round_hat: jax.Array,
                  key: jax.Array) -> dict[str, dict[str, jax.Array]]:
   """The client's upload decision (ALMU, Algorithm 1 lines 2-9) and LIR (Eq. 11), pure and jittable
   (every argument before `params_start` is static). `payload['sent']` is what goes to the server."""
