@@ -54,16 +54,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.client_test_fraction = 0.0
 
   c.partition = ml_collections.ConfigDict()
-  # dirichlet_flgo (the paper's, via FLGo) | dirichlet | iid | label_groups (CASA's grouped label skew)
+  # dirichlet_flgo (the paper's, via FLGo) | dirichlet | iid | label_groups (CASA's grouped label skew) |
+  # labels_per_client (AiFed's k labels per client)
   c.partition.method = "dirichlet_flgo"
   c.partition.alpha = 0.1  # Dirichlet concentration α (smaller: more heterogeneous)
   c.partition.num_clients = 50  # N
   # label_groups only: client share of each group (labels are split in the same shares, disjoint);
   # Dirichlet partition.alpha inside each group. CASA's Appendix A.2.4 default.
   c.partition.group_proportions = (0.2, 0.2, 0.3, 0.3)
+  c.partition.min_labels = 2  # labels_per_client: each client holds k labels, k uniform in [min, max]
+  c.partition.max_labels = 6  # labels_per_client: the upper bound of k (AiFed: 2-6 on MNIST/FMNIST/CIFAR-10)
 
   c.model = ml_collections.ConfigDict()
-  c.model.name = "mnist_cnn"  # mnist_cnn | linear | cifar_cnn | tiny_mlp
+  c.model.name = "mnist_cnn"  # mnist_cnn | linear | cifar_cnn | tiny_mlp | aifed_cnn
 
   c.local = ml_collections.ConfigDict()
   c.local.epochs = 5  # E local epochs, each of ceil(n_i / batch_size) SGD steps
@@ -185,6 +188,11 @@ def config_errors(c: ml_collections.ConfigDict) -> list[str]:
   check(_is_number(c.partition.alpha) and c.partition.alpha > 0, "partition.alpha", "a number > 0")
   check(_is_int(c.partition.num_clients) and c.partition.num_clients >= 1,
         "partition.num_clients", "an integer >= 1")
+  check(_is_int(c.partition.min_labels) and c.partition.min_labels >= 1, "partition.min_labels",
+        "an integer >= 1")
+  check(_is_int(c.partition.max_labels) and c.partition.max_labels >= 1
+        and (not _is_int(c.partition.min_labels) or c.partition.max_labels >= c.partition.min_labels),
+        "partition.max_labels", f"an integer >= partition.min_labels ({c.partition.min_labels!r})")
   one_of("model.name", MODELS)
   check(_is_int(c.local.epochs) and c.local.epochs >= 1, "local.epochs", "an integer >= 1")
   check(_is_int(c.local.batch_size) and c.local.batch_size >= 1, "local.batch_size", "an integer >= 1")

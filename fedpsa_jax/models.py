@@ -1,4 +1,5 @@
-"""The paper's models (Sec. 6.1) as pure Flax Linen modules, used as `model.apply(params, x)`.
+"""The paper's models (Sec. 6.1; `aifed_cnn`: AiFed's Sec. V-A) as pure Flax Linen modules, used as
+`model.apply(params, x)`.
 
 Inputs are NHWC float32 images; every model flattens what it needs itself, so any model can be paired
 with any dataset whose images it accepts.
@@ -78,6 +79,30 @@ class CifarCNN(nn.Module):
     return (features, logits) if return_features else logits
 
 
+class AiFedCNN(nn.Module):
+  """AiFed's MNIST/FMNIST CNN (Sec. V-A): conv-64, conv-128 ("two shallow layers"), dense 256, dense 512
+  ("two deep layers"), then the `num_classes` output layer (~1.95M params on 28x28x1).
+
+  The paper gives only the filter and unit counts. Read here: both dense layers are hidden (the output
+  layer comes on top, as a classifier needs); each conv is this file's 5x5 SAME + ReLU + 2x2 max-pool
+  block; `filters` doubles them for CIFAR-10 (`aifed_cnn` uses the MNIST widths).
+  """
+
+  num_classes: int = 10
+  filters: tuple[int, int] = (64, 128)
+  units: tuple[int, int] = (256, 512)
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, return_features: bool = False):
+    x = _conv_block(x, self.filters[0])
+    x = _conv_block(x, self.filters[1])
+    x = x.reshape((x.shape[0], -1))
+    x = nn.relu(nn.Dense(self.units[0])(x))
+    features = nn.relu(nn.Dense(self.units[1])(x))
+    logits = nn.Dense(self.num_classes)(features)
+    return (features, logits) if return_features else logits
+
+
 class TinyMLP(nn.Module):
   """A two-layer MLP (hidden 16) for fast tests and hand checks; not a paper model."""
 
@@ -92,9 +117,10 @@ class TinyMLP(nn.Module):
     return (features, logits) if return_features else logits
 
 
-MODELS = {"mnist_cnn": MnistCNN, "linear": Linear, "cifar_cnn": CifarCNN, "tiny_mlp": TinyMLP}
+MODELS = {"mnist_cnn": MnistCNN, "linear": Linear, "cifar_cnn": CifarCNN, "tiny_mlp": TinyMLP,
+          "aifed_cnn": AiFedCNN}
 # Models that accept `return_features=True` (a feature extractor below a Dense classifier).
-FEATURE_MODELS = ("mnist_cnn", "cifar_cnn", "tiny_mlp")
+FEATURE_MODELS = ("mnist_cnn", "cifar_cnn", "tiny_mlp", "aifed_cnn")
 
 
 def classifier_layer(params: Mapping[str, Any]) -> str:

@@ -14,6 +14,8 @@ passed in, so the same generator state gives the same partition.
   groups with the given client proportions (default {0.2, 0.2, 0.3, 0.3}), the labels are split into
   disjoint sets in the same proportions (label c goes to one group only), and inside each group the
   group's samples are spread over its clients with the common Dir(alpha * 1) label mix (`dirichlet`).
+- `labels_per_client`: AiFed's non-IID setting (Sec. V-A, Table III): each client holds a few labels
+  (k_i uniform in [min_labels, max_labels]); each label's samples are split evenly among its holders.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import dataclasses
 
 import numpy as np
 
-PARTITIONERS = ("dirichlet_flgo", "dirichlet", "iid", "label_groups")
+PARTITIONERS = ("dirichlet_flgo", "dirichlet", "iid", "label_groups", "labels_per_client")
 DEFAULT_GROUP_PROPORTIONS = (0.2, 0.2, 0.3, 0.3)  # CASA's Appendix A.2.4
 
 # FLGo multiplies the mixture tolerance by 10 after this many unsuccessful correction tries.
@@ -33,11 +35,13 @@ _MAX_REDRAWS = 1000
 
 def partition_labels(labels: np.ndarray, num_clients: int, method: str, alpha: float,
                      rng: np.random.Generator,
-                     group_proportions: tuple[float, ...] = DEFAULT_GROUP_PROPORTIONS) -> list[np.ndarray]:
+                     group_proportions: tuple[float, ...] = DEFAULT_GROUP_PROPORTIONS, min_labels: int = 2,
+                     max_labels: int = 6) -> list[np.ndarray]:
   """Partitions sample indices among `num_clients` clients with the named method.
 
   `alpha` is the Dirichlet concentration scale of the Dirichlet methods (within each group for
-  `label_groups`); `iid` ignores it. `group_proportions` is used by `label_groups` only.
+  `label_groups`); `iid` and `labels_per_client` ignore it. `group_proportions` is used by
+  `label_groups` only, `min_labels`/`max_labels` (the labels per client) by `labels_per_client` only.
   """
   if method not in PARTITIONERS:
     raise ValueError(f"partition.method must be one of {PARTITIONERS}, got {method!r}")
@@ -45,6 +49,8 @@ def partition_labels(labels: np.ndarray, num_clients: int, method: str, alpha: f
     return iid(labels, num_clients, rng)
   if method == "label_groups":
     return label_groups(labels, num_clients, group_proportions, alpha, rng).parts
+  if method == "labels_per_client":
+    return labels_per_client(labels, num_clients, min_labels, max_labels, rng)
   if method == "dirichlet":
     return dirichlet(labels, num_clients, alpha, rng)
   return dirichlet_flgo(labels, num_clients, alpha, rng)
@@ -97,6 +103,59 @@ def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[
   labels = _check_labels(labels, num_clients)
   order = rng.permutation(len(labels)).astype(np.int64)
   return [part.copy() for part in np.array_split(order, num_clients)]
+
+
+def labels_per_client(labels: np.ndarray, num_clients: int, min_labels: int, max_labels: int,
+                      rng: np.random.Generator) -> list[np.ndarray]:
+  """AiFed's non-IID partition (Sec. V-A, Table III: "2-6 labels" and uneven sizes per client).
+
+  1. Each client draws its label count k_i uniformly from the integers [min_labels, max_labels]
+     (both clipped to the C labels present).
+  2. If the clients could not hold every label (sum k_i < C), random clients' k_i are raised by one,
+     first up to max_labels, then beyond it (only when N * max_labels < C), until sum k_i = C: every
+     sample must belong to a client (the partitioners' contract), so coverage wins over the bounds.
+  3. Each client draws k_i distinct labels uniformly at random. While some label has no holder, a
+     random client that holds a label shared with another client swaps it (chosen at random) for the
+     uncovered label; k_i never changes and covered labels stay covered, so this ends.
+  4. Each label's samples are shuffled and split evenly (sizes differ by at most one) among its
+     holders; client sizes therefore vary with k_i and with how popular their labels are (the paper's
+     1,000-2,000 samples per client on MNIST). Each client's list is shuffled, and the min-size repair
+     of the other partitioners runs last (a no-op unless some label has fewer samples than holders).
+  """
+  labels = _check_labels(labels, num_clients)
+  if not (_is_integer(min_labels) and _is_integer(max_labels) and 1 <= min_labels <= max_labels):
+    raise ValueError(f"partition.min_labels={min_labels!r}, partition.max_labels={max_labels!r} are invalid; "
+                     "allowed: integers with 1 <= min_labels <= max_labels")
+  classes, label_ids = np.unique(labels, return_inverse=True)
+  num_classes = len(classes)
+  low, high = min(min_labels, num_classes), min(max_labels, num_classes)
+  counts = rng.integers(low, high + 1, size=num_clients)
+  while counts.sum() < num_classes:
+    below = np.flatnonzero(counts < high)
+    if not len(below):
+      below = np.flatnonzero(counts < num_classes)
+    counts[rng.choice(below)] += 1
+  held = [set(rng.choice(num_classes, size=int(k), replace=False).tolist()) for k in counts]
+  holders = np.zeros(num_classes, np.int64)
+  for s in held:
+    holders[list(s)] += 1
+  for uncovered in np.flatnonzero(holders == 0):
+    donors = [i for i, s in enumerate(held) if any(holders[c] >= 2 for c in s)]
+    i = int(rng.choice(donors))
+    shared = sorted(c for c in held[i] if holders[c] >= 2)
+    give = int(rng.choice(shared))
+    held[i].remove(give)
+    held[i].add(int(uncovered))
+    holders[give] -= 1
+    holders[uncovered] += 1
+  pieces: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+  for c in range(num_classes):
+    owners = [i for i, s in enumerate(held) if c in s]
+    members = rng.permutation(np.flatnonzero(label_ids == c))
+    for i, chunk in zip(owners, np.array_split(members, len(owners))):
+      pieces[i].append(chunk)
+  parts = [rng.permutation(np.concatenate(chunks)).astype(np.int64) for chunks in pieces]
+  return _repair_min_size(parts)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -62,7 +62,8 @@ def build_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedDat
                          rng=seeding.host_rng(config.seed, "data"), data_dir=config.data.data_dir)
   parts = partition_labels(dataset.y_train, config.partition.num_clients, config.partition.method,
                            config.partition.alpha, seeding.host_rng(config.seed, "partition"),
-                           group_proportions=tuple(config.partition.group_proportions))
+                           group_proportions=tuple(config.partition.group_proportions),
+                           min_labels=config.partition.min_labels, max_labels=config.partition.max_labels)
   test_parts = None
   if config.data.client_test_fraction > 0:  # (no draw when off: existing runs are unchanged)
     parts, test_parts = split_client_test(parts, config.data.client_test_fraction,
@@ -286,6 +287,8 @@ class Simulation:
         "client_compute_seconds": self.executor.train_seconds,
         "server_compute_seconds": self.server_seconds,
         "bytes_uploaded": self.bytes_uploaded, "bytes_downloaded": self.bytes_downloaded,
+        # Accumulated upload in MiB (2^20 bytes): AiFed's cost_a (Eq. 17: 4 bytes per parameter / 1024²).
+        "uploaded_mb": self.bytes_uploaded / 2 ** 20,
         "upload_bytes_per_update": self.bytes_uploaded / self.client_updates if self.client_updates else 0.0,
         "download_bytes_per_update": (self.bytes_downloaded / self.client_updates
                                       if self.client_updates else 0.0),

@@ -1,0 +1,506 @@
+"""AiFed (You et al., IEEE TKDE 2024): layer-wise adaptive uploading (ALMU) and aggregation (AGMA).
+
+A **layer** is one top-level parameter group of the Flax model, `params['params'][name]` (e.g.
+`Conv_0` with its kernel and bias): the unit a client uploads or withholds and the server aggregates.
+Its **representation** is the output of that module's `__call__` (captured with Flax's
+`capture_intermediates`; for a conv or dense layer the pre-activation output). `layer_names(params)`
+defines the order (the model's creation order) once for the client and the server.
+
+ALMU, the client (Sec. IV-A, Algorithm 1 part 1), one jitted pure function of arrays (`almu_payload`):
+- stimuli: up to `stimuli_per_class` of the client's own training samples per class, chosen at random
+  (fixed shapes: C x S slots with a validity mask, picked by `top_k` over random priorities);
+- a representational dissimilarity array (RDA) per layer: cosine distances of the layer's
+  representations over `num_pairs` stimulus pairs sampled without replacement from the valid pairs
+  (the same pairs under both models);
+- rc_l = squared Pearson correlation of RDA_l under the received global model and under the trained
+  local model (Eq. 8);
+- AT = 1 / (1 + exp(-(α_r̂ r̂ + α_acc δ_acc))) (Eq. 9), r̂ the round of the received model;
+- layer l is uploaded iff rc_l >= AT (Eq. 8 as printed); nothing is sent when no layer qualifies.
+  The prose ("filter out redundant knowledge") also fits the opposite reading, sending the layers whose
+  representations changed: `upload_when='changed'` uploads iff rc_l < AT (default: as printed).
+It sends the chosen layers with its mask, r̂, n and its level of information richness, LIR (below).
+
+AGMA, the server (Sec. IV-B, Algorithm 1 part 2): received (partial) models wait in a queue; an
+aggregation (one round) happens when the queue holds `buffer_size` models (`trigger='counter'`) or at
+the first arrival at or after each multiple of `period` virtual time units (`trigger='timer'`). With
+r the round being formed and r̂_k the round client k started from:
+- LIS_k = (e/2)^(-(r - r̂_k)) (Eq. 10);
+- LIR_k = the entropy -Σ p_i log2 p_i of its label distribution (IE, Eq. 12) or its number of labels
+  (LN, Eq. 13), computed on the client from its data (Eq. 11);
+- β_k = (n_k / Σn) (LIS_k / ΣLIS) (LIR_k / ΣLIR) (Eq. 15);
+- each layer is updated from the queue's local models θ_{l,k} = params_start_k + Δ_k (Eq. 6). Layers
+  no queued client sent keep the global value exactly.
+
+Normalisation of β (the paper's Eq. 6 is inconsistent as printed: its β do not sum to one and the
+extra 1/K would shrink the model). Both readings replace 1/K by one normalisation of β:
+- `normalisation='lum'` (default, the paper's layer update matrix taken literally, and the authors'
+  code's normalisation to one over all queued models): the LUM row of layer l is prefilled with the
+  current global layer, so a client that did not send layer l contributes the global value with its
+  weight: θ_l ← Σ_k β̂_k LUM_{l,k}, β̂ = β / Σ_k β_k over all K queued models;
+- `normalisation='senders'`: β renormalised over the clients that sent layer l only.
+
+Variants (`variant`; the paper's Sec. V-B/C ablations), with `lir` choosing IE or LN:
+- `aifed`: ALMU + AGMA (LIS and LIR) — AiFed-IE / AiFed-LN;
+- `almu`: ALMU only: partial uploads, β_k = n_k / Σn;
+- `agma`: AGMA only (full uploads, LIS and LIR) — AGMA-IE / AGMA-LN;
+- `lis`: full uploads, β from n and LIS only;  `lir`: full uploads, β from n and LIR only (LIR-IE/LN).
+The data-size factor n_k / Σn of Eq. 15 stays in every variant (it is not what the paper ablates).
+
+Adaptations (the paper is silent or ambiguous; the authors' code, see papers/aifed_notes.md, consulted):
+- Dissimilarity: cosine distance (the authors' code); the paper names none. Pairs are sampled among all
+  valid stimulus pairs (the paper: "randomly sampling 50 pairs"), not the code's first RDM row.
+- Stimuli come from the client's own training data (a client holds only its own), so a client with
+  k labels has up to k·S stimuli. They and the pairs are fixed per client for the run (key
+  fold_in(seed key, client)), like the paper's stimuli "selected and marked in the training dataset".
+- rc_l is 0 when an RDA is constant or fewer than two valid pairs exist (no evidence of consistency).
+- The upload rule is the paper's threshold (Eq. 8-9), not the code's random rank-based rule.
+- δ_acc = accuracy of the trained local model minus that of the received global model, by default on
+  the client's stimuli (`accuracy_data='stimuli'`: the same forward passes that give the
+  representations, so free), or on all its training data (`'local'`: two more passes over its data).
+  The paper does not say on which data; a client has only its own. α_r̂ and α_acc are not given in the
+  paper: the defaults are chosen here (see `default_config`) and should be swept.
+- The server never sees an empty upload: it does not enter the queue or count toward the counter,
+  and costs no bytes. Its client still returns to the pool as usual (the clock's contract).
+- Timer: the strategy sees time only through `Arrival.arrival_time`, so a tick that passes between
+  arrivals fires at the next arrival, aggregating the queue as it stood at the tick (arrivals exactly
+  at the tick included, later ones queued for the next tick). Dispatches happen only right after
+  arrivals, so the model a client receives is the same as with a free-running timer. The jitted AGMA
+  step compiles once per queue length K, so a timer (K varies) compiles a few shapes early in a run.
+- What a client sends (`payload['sent']`: mask, r̂, n, LIR) is what `upload_bytes` counts with the
+  uploaded layers; `payload['local']` (rc_l, AT, δ_acc) stays on the client for diagnostics.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from fedpsa_jax import seeding
+from fedpsa_jax.strategies.base import Arrival, ClientJob, Strategy, register, tree_bytes
+from fedpsa_jax.strategies.fedbuff import buffer_size_errors
+
+Params = Any
+VARIANTS = ("aifed", "almu", "agma", "lis", "lir")
+TRIGGERS = ("counter", "timer")
+LIR_KINDS = ("entropy", "label_number")
+NORMALISATIONS = ("lum", "senders")
+ACCURACY_DATA = ("stimuli", "local")
+UPLOAD_RULES = ("consistent", "changed")
+STALENESS_BASE = math.e / 2.0  # Eq. 10
+
+
+# --- layers -----------------------------------------------------------------------------------------
+
+
+def layer_names(params: Params) -> tuple[str, ...]:
+  """The model's layers: the top-level groups of `params['params']`, in the model's creation order."""
+  return tuple(params["params"].keys())
+
+
+def layer_sizes_bytes(params: Params, names: Sequence[str]) -> np.ndarray:
+  """[L] bytes of each layer's parameters (Eq. 4's g(θ_l) × U, read from shapes and dtypes)."""
+  return np.array([tree_bytes(params["params"][name]) for name in names], np.int64)
+
+
+# --- ALMU (client) ----------------------------------------------------------------------------------
+
+
+def select_stimuli(key: jax.Array, labels: jax.Array, valid: jax.Array, num_classes: int,
+                   per_class: int) -> tuple[jax.Array, jax.Array]:
+  """Up to `per_class` random samples of each class among the valid positions of a client's row.
+
+  Returns positions [C·S] into the row (slot c·S + s holds class c) and their validity [C·S] (False
+  where the client has fewer than S samples of class c). Random priorities + top_k: fixed shapes."""
+  priority = jax.random.uniform(key, labels.shape)  # in [0, 1)
+  member = (labels[None, :] == jnp.arange(num_classes)[:, None]) & valid[None, :]
+  score = jnp.where(member, priority[None, :], -1.0)
+  values, positions = jax.lax.top_k(score, per_class)  # [C, S]
+  return positions.reshape(-1), (values >= 0.0).reshape(-1)
+
+
+def sample_pairs(key: jax.Array, stimulus_valid: jax.Array, num_pairs: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`num_pairs` distinct pairs (i < j) of valid stimuli, uniformly without replacement (top_k over random
+  priorities of all Q(Q-1)/2 pairs); returns i [P], j [P] and whether each pair is real [P] (fewer valid
+  pairs than P leave the rest invalid)."""
+  q = stimulus_valid.shape[0]
+  first, second = np.triu_indices(q, k=1)
+  real = stimulus_valid[first] & stimulus_valid[second]
+  score = jnp.where(real, jax.random.uniform(key, first.shape), -1.0)
+  values, chosen = jax.lax.top_k(score, min(num_pairs, len(first)))
+  return jnp.asarray(first)[chosen], jnp.asarray(second)[chosen], values >= 0.0
+
+
+def layer_representations(apply_fn: Callable, params: Params, x: jax.Array,
+                          names: Sequence[str]) -> tuple[dict[str, jax.Array], jax.Array]:
+  """Each layer's output on `x`, flattened per sample ({name: [Q, D]}), and the logits."""
+  logits, state = apply_fn(params, x, capture_intermediates=True, mutable=["intermediates"])
+  captured = state["intermediates"]
+  return {name: captured[name]["__call__"][-1].reshape(x.shape[0], -1) for name in names}, logits
+
+
+def dissimilarity_array(representations: jax.Array, first: jax.Array, second: jax.Array) -> jax.Array:
+  """RDA: the cosine distance 1 − cos(r_i, r_j) of each sampled pair (i, j) [P]."""
+  norms = jnp.linalg.norm(representations, axis=-1, keepdims=True)
+  unit = representations / jnp.maximum(norms, jnp.finfo(representations.dtype).tiny)
+  return 1.0 - jnp.sum(unit[first] * unit[second], axis=-1)
+
+
+def representational_consistency(rda_global: jax.Array, rda_local: jax.Array, weights: jax.Array) -> jax.Array:
+  """Eq. 8: rc = (Cov(RDA_glo, RDA_loc) / (σ_glo σ_loc))², the squared Pearson correlation over the
+  pairs with weight 1 (0 marks padding); 0 if either RDA is constant or fewer than two pairs are real."""
+  w = weights.astype(jnp.float32)
+  total = jnp.sum(w)
+  safe_total = jnp.maximum(total, 1.0)
+  a = rda_global - jnp.sum(w * rda_global) / safe_total
+  b = rda_local - jnp.sum(w * rda_local) / safe_total
+  cov, var_a, var_b = jnp.sum(w * a * b), jnp.sum(w * a * a), jnp.sum(w * b * b)
+  tiny = jnp.finfo(jnp.float32).tiny
+  ok = (total >= 2.0) & (var_a > tiny) & (var_b > tiny) & (var_a * var_b > tiny)
+  rc = cov * cov / jnp.where(ok, var_a * var_b, 1.0)
+  return jnp.where(ok, jnp.clip(rc, 0.0, 1.0), 0.0)
+
+
+def adaptive_threshold(round_hat: jax.Array, delta_acc: jax.Array, alpha_round: float, alpha_acc: float) -> jax.Array:
+  """Eq. 9: AT = 1 / (1 + exp(−(α_r̂ · r̂ + α_acc · δ_acc)))."""
+  return jax.nn.sigmoid(alpha_round * jnp.asarray(round_hat, jnp.float32) + alpha_acc * delta_acc)
+
+
+def label_richness(counts: jax.Array, kind: str) -> jax.Array:
+  """LIR from a client's label counts [C]: entropy −Σ p_i log2 p_i (IE, Eq. 12, 0 log 0 = 0) or the
+  number of labels present (LN, Eq. 13)."""
+  counts = counts.astype(jnp.float32)
+  if kind == "label_number":
+    return jnp.sum(counts > 0).astype(jnp.float32)
+  p = counts / jnp.maximum(jnp.sum(counts), 1.0)
+  return -jnp.sum(jnp.where(p > 0, p * jnp.log2(jnp.where(p > 0, p, 1.0)), 0.0))
+
+
+def _masked_accuracy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
+  hits = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32) * mask
+  return jnp.sum(hits) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def _local_accuracy(apply_fn, params, x_all, labels, index_row, valid, batch_size: int) -> jax.Array:
+  """Accuracy over all of a client's samples, in chunks of `batch_size` (a Python loop inside jit, as
+  FedPAC's statistics: bounded memory and no rolled loop around a conv net)."""
+  hits = 0.0
+  for start in range(0, index_row.shape[0], batch_size):
+    rows = index_row[start:start + batch_size]
+    logits = apply_fn(params, jnp.take(x_all, rows, axis=0))
+    chunk = slice(start, start + batch_size)
+    hits = hits + jnp.sum((jnp.argmax(logits, -1) == labels[chunk]) * valid[chunk])
+  return hits / jnp.maximum(jnp.sum(valid), 1.0)
+
+
+def almu_payload(apply_fn: Callable, names: tuple[str, ...], num_classes: int, per_class: int, num_pairs: int,
+                 alpha_round: float, alpha_acc: float, use_almu: bool, accuracy_data: str, lir_kind: str,
+                 batch_size: int, upload_when: str, params_start: Params, params_end: Params, x_all: jax.Array,
+                 y_all: jax.Array, index_row: jax.Array, num_samples: jax.Array, round_hat: jax.Array,
+                 key: jax.Array) -> dict[str, dict[str, jax.Array]]:
+  """The client's upload decision (ALMU, Algorithm 1 lines 2-9) and LIR (Eq. 11), pure and jittable
+  (every argument before `params_start` is static). `payload['sent']` is what goes to the server."""
+  valid = jnp.arange(index_row.shape[0]) < num_samples
+  labels = jnp.take(y_all, index_row)
+  counts = jnp.sum(jax.nn.one_hot(labels, num_classes, dtype=jnp.float32) * valid[:, None], axis=0)
+  lir = label_richness(counts, lir_kind)
+  num_layers = len(names)
+  if not use_almu:
+    mask = jnp.ones((num_layers,), bool)
+    local = {"rc": jnp.ones((num_layers,), jnp.float32), "threshold": jnp.float32(0.0),
+             "delta_acc": jnp.float32(0.0)}
+  else:
+    stimulus_key, pair_key = jax.random.split(key)
+    positions, stimulus_valid = select_stimuli(stimulus_key, labels, valid, num_classes,
+                                               min(per_class, index_row.shape[0]))
+    x = jnp.take(x_all, jnp.take(index_row, positions), axis=0)
+    y = jnp.take(labels, positions)
+    reps_global, logits_global = layer_representations(apply_fn, params_start, x, names)
+    reps_local, logits_local = layer_representations(apply_fn, params_end, x, names)
+    first, second, pair_valid = sample_pairs(pair_key, stimulus_valid, num_pairs)
+    rc = jnp.stack([representational_consistency(dissimilarity_array(reps_global[n], first, second),
+                                                 dissimilarity_array(reps_local[n], first, second), pair_valid)
+                    for n in names])
+    if accuracy_data == "stimuli":
+      stimulus_mask = stimulus_valid.astype(jnp.float32)
+      delta_acc = (_masked_accuracy(logits_local, y, stimulus_mask)
+                   - _masked_accuracy(logits_global, y, stimulus_mask))
+    else:
+      local_acc = functools.partial(_local_accuracy, apply_fn, x_all=x_all, labels=labels, index_row=index_row,
+                                    valid=valid.astype(jnp.float32), batch_size=batch_size)
+      delta_acc = local_acc(params_end) - local_acc(params_start)
+    threshold = adaptive_threshold(round_hat, delta_acc, alpha_round, alpha_acc)
+    mask = rc >= threshold if upload_when == "consistent" else rc < threshold
+    local = {"rc": rc, "threshold": threshold, "delta_acc": delta_acc}
+  sent = {"mask": mask, "round": jnp.asarray(round_hat, jnp.int32), "num_samples": jnp.asarray(num_samples, jnp.int32),
+          "lir": lir}
+  return {"sent": sent, "local": local}
+
+
+# --- AGMA (server) ----------------------------------------------------------------------------------
+
+
+def staleness_level(current_round: jax.Array | int, rounds_hat: jax.Array) -> jax.Array:
+  """Eq. 10: LIS_k = (e/2)^(−(r − r̂_k))."""
+  return STALENESS_BASE ** -(jnp.asarray(current_round, jnp.float32) - jnp.asarray(rounds_hat, jnp.float32))
+
+
+def _share(values: jax.Array) -> jax.Array:
+  """values / Σ values, or uniform if they sum to 0 (e.g. every queued client holds a single label: IE = 0)."""
+  total = jnp.sum(values)
+  return jnp.where(total > 0, values / jnp.where(total > 0, total, 1.0), 1.0 / values.shape[0])
+
+
+def aggregation_weights(sizes: jax.Array, lis: jax.Array, lir: jax.Array, use_lis: bool = True,
+                        use_lir: bool = True) -> jax.Array:
+  """Eq. 15: β_k = (n_k / Σn) (LIS_k / ΣLIS) (LIR_k / ΣLIR); a switched-off factor is left out."""
+  beta = _share(jnp.asarray(sizes, jnp.float32))
+  if use_lis:
+    beta = beta * _share(jnp.asarray(lis, jnp.float32))
+  if use_lir:
+    beta = beta * _share(jnp.asarray(lir, jnp.float32))
+  return beta
+
+
+@functools.partial(jax.jit, static_argnames=("names", "senders_only"))
+def layerwise_update(params: Params, starts: tuple, deltas: tuple, masks: jax.Array, beta: jax.Array,
+                     names: tuple[str, ...], senders_only: bool) -> Params:
+  """Eq. 6, layer by layer: θ_l ← Σ_k c_{l,k} θ_{l,k} + c_{l,g} θ_l with θ_{l,k} = start_k + Δ_k.
+
+  `masks` [K, L] (1: client k sent layer l), `beta` [K] the Eq. 15 weights. `senders_only=False` (the
+  LUM reading): c_{l,k} = m_{kl} β_k / Σβ and c_{l,g} = Σ_k (1 − m_{kl}) β_k / Σβ; True: c_{l,k} =
+  m_{kl} β_k / Σ_j m_{jl} β_j, c_{l,g} = 0. A layer no client sent keeps its value exactly."""
+  masks = masks.astype(jnp.float32)
+  beta = beta.astype(jnp.float32)
+  layers = dict(params["params"])
+  for index, name in enumerate(names):
+    sent = masks[:, index]
+    weighted = beta * sent
+    if senders_only:
+      coeff = weighted / jnp.maximum(jnp.sum(weighted), jnp.finfo(jnp.float32).tiny)
+      keep = jnp.float32(0.0)
+    else:
+      coeff = weighted / jnp.sum(beta)
+      keep = jnp.sum(beta * (1.0 - sent)) / jnp.sum(beta)
+    anyone = jnp.sum(sent) > 0
+
+    def update(g, *pieces, coeff=coeff, keep=keep, anyone=anyone):
+      k = len(pieces) // 2
+      mixed = keep * g + sum(coeff[i] * (pieces[i] + pieces[k + i]) for i in range(k))
+      return jnp.where(anyone, mixed, g)
+
+    layers[name] = jax.tree.map(update, params["params"][name], *[s["params"][name] for s in starts],
+                                *[d["params"][name] for d in deltas])
+  return {**params, "params": layers}
+
+
+@functools.partial(jax.jit, static_argnames=("names", "senders_only", "use_lis", "use_lir"))
+def agma_step(params: Params, starts: tuple, deltas: tuple, masks: tuple, lirs: tuple, sizes: jax.Array,
+              rounds_hat: jax.Array, current_round: jax.Array, names: tuple[str, ...], senders_only: bool,
+              use_lis: bool, use_lir: bool) -> tuple[Params, jax.Array]:
+  """One AGMA round on the queue: β (Eqs. 10-15) and the layer-wise update (Eq. 6); returns the new
+  parameters and β / Σβ."""
+  lis = staleness_level(current_round, rounds_hat)
+  beta = aggregation_weights(sizes, lis, jnp.stack(lirs), use_lis, use_lir)
+  new = layerwise_update(params, starts, deltas, jnp.stack(masks).astype(jnp.float32), beta, names, senders_only)
+  return new, beta / jnp.sum(beta)
+
+
+@flax.struct.dataclass
+class AiFedState:
+  params: Params
+  starts: tuple = ()  # queued θ_start_k (the global model client k started from)
+  deltas: tuple = ()  # queued Δ_k (only the layers in its mask are used)
+  masks: tuple = ()  # queued upload masks [L] (device bools)
+  lirs: tuple = ()  # queued LIR_k (device scalars)
+  last_weights: jax.Array | None = None  # β / Σβ of the last aggregation (diagnostics)
+  # Host fields: the queue's metadata and the run's upload counts.
+  rounds_hat: tuple = flax.struct.field(pytree_node=False, default=())  # r̂_k
+  sizes: tuple = flax.struct.field(pytree_node=False, default=())  # n_k
+  round: int = flax.struct.field(pytree_node=False, default=0)  # aggregations so far (= the runner's round)
+  next_tick: int = flax.struct.field(pytree_node=False, default=0)  # timer: the next aggregation time
+  arrivals: int = flax.struct.field(pytree_node=False, default=0)  # updates received (empty ones included)
+  empty_uploads: int = flax.struct.field(pytree_node=False, default=0)  # clients that sent no layer
+  layer_uploads: tuple = flax.struct.field(pytree_node=False, default=())  # per layer: times it was sent
+
+
+@register("aifed")
+class AiFed(Strategy):
+
+  @classmethod
+  def default_config(cls) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.variant = "aifed"  # aifed (ALMU + AGMA) | almu (ALMU only) | agma (LIS + LIR) | lis | lir (LIS or LIR only)
+    c.lir = "entropy"  # LIR function: entropy (IE, Eq. 12) | label_number (LN, Eq. 13)
+    c.stimuli_per_class = 5  # S: stimuli per class from the client's training data (paper: 5 on 10 classes)
+    c.num_pairs = 50  # stimulus pairs sampled for each RDA (paper: 50)
+    # Eq. 9's coefficients (the paper gives no values): AT = sigmoid(α_r̂ r̂ + α_acc δ_acc). With 0 and 0,
+    # AT = 0.5; α_r̂ > 0 raises the bar as rounds pass (fewer uploads late: AT ≈ 0.6 at round 100 and
+    # ≈ 0.85 at the paper's round 400 when δ_acc = 0), α_acc < 0 lowers it for a client whose training
+    # gained accuracy (its news is worth sending). On the smoke run (aifed_cnn, mnist_5k) rc_l was ~1 for
+    # both convs, 0.5-0.95 for Dense_0, 0.3-0.9 for Dense_1 and 0-0.86 for the output layer.
+    c.alpha_round = 0.005
+    c.alpha_acc = -1.0
+    c.upload_when = "consistent"  # upload layer l iff consistent: rc_l >= AT (Eq. 8 as printed) | changed: rc_l < AT
+    c.accuracy_data = "stimuli"  # δ_acc measured on: stimuli (free) | local (all the client's training data)
+    c.accuracy_batch_size = 500  # accuracy_data=local: samples per forward pass (memory only)
+    c.trigger = "counter"  # aggregate on a counter (buffer_size models queued) | timer (every `period` units)
+    c.buffer_size = 5  # counter: K, models in the queue that trigger an aggregation
+    c.period = 100  # timer: virtual time units between aggregations
+    c.normalisation = "lum"  # β in Eq. 6: lum (non-senders contribute the global layer) | senders
+    return c
+
+  @classmethod
+  def validate_config(cls, config: ml_collections.ConfigDict) -> list[str]:
+    c = config.aifed
+    errors = []
+    for field, allowed in (("variant", VARIANTS), ("lir", LIR_KINDS), ("trigger", TRIGGERS),
+                           ("normalisation", NORMALISATIONS), ("accuracy_data", ACCURACY_DATA),
+                           ("upload_when", UPLOAD_RULES)):
+      if c[field] not in allowed:
+        errors.append(f"aifed.{field}={c[field]!r} is invalid; allowed: {', '.join(allowed)}")
+    for field in ("stimuli_per_class", "num_pairs", "period", "accuracy_batch_size"):
+      if not (isinstance(c[field], int) and not isinstance(c[field], bool) and c[field] >= 1):
+        errors.append(f"aifed.{field}={c[field]!r} is invalid; allowed: an integer >= 1")
+    for field in ("alpha_round", "alpha_acc"):
+      if not (isinstance(c[field], (int, float)) and not isinstance(c[field], bool) and math.isfinite(c[field])):
+        errors.append(f"aifed.{field}={c[field]!r} is invalid; allowed: a finite number")
+    errors += buffer_size_errors(config, "aifed")
+    return errors
+
+  def __init__(self, config, ctx):
+    super().__init__(config, ctx)
+    h = self.hparams
+    self.use_almu = h.variant in ("aifed", "almu")
+    self.use_lis = h.variant in ("aifed", "agma", "lis")
+    self.use_lir = h.variant in ("aifed", "agma", "lir")
+    self._key = seeding.device_key(config.seed, "aifed/stimuli")
+    self._names: tuple[str, ...] = ()
+    self._layer_bytes = np.zeros(0, np.int64)
+    self._payload = None  # built at init, when the layers are known
+
+  def init(self, params: Params) -> AiFedState:
+    if set(params) != {"params"}:
+      raise ValueError(f"AiFed aggregates the 'params' collection layer by layer; this model also has "
+                       f"{sorted(set(params) - {'params'})}")
+    h = self.hparams
+    self._names = layer_names(params)
+    self._layer_bytes = layer_sizes_bytes(params, self._names)
+    self._payload = jax.jit(functools.partial(
+        almu_payload, self.ctx.apply_fn, self._names, self.ctx.num_classes, int(h.stimuli_per_class),
+        int(h.num_pairs), float(h.alpha_round), float(h.alpha_acc), self.use_almu, h.accuracy_data, h.lir,
+        int(h.accuracy_batch_size), h.upload_when))
+    return AiFedState(params=params, next_tick=int(h.period), layer_uploads=(0,) * len(self._names))
+
+  @property
+  def layers(self) -> tuple[str, ...]:
+    """The layer names, in the order of the masks (known after `init`)."""
+    return self._names
+
+  def client_aux(self, state: AiFedState, client: int) -> jax.Array:
+    """r̂: the round of the global model the client is dispatched with (Algorithm 1 sends it back)."""
+    del client
+    return jnp.int32(state.round)
+
+  def client_payload(self, params_start: Params, params_end: Params, job: ClientJob | None = None) -> dict:
+    if job is None:
+      raise ValueError("AiFed's client payload needs the client's data (a ClientJob)")
+    round_hat = job.aux if not isinstance(job.aux, tuple) else jnp.int32(0)
+    return self._payload(params_start, params_end, job.x_all, job.y_all, job.index_row, jnp.int32(job.num_samples),
+                         round_hat, jax.random.fold_in(self._key, job.client))
+
+  # --- server ---------------------------------------------------------------------------------------
+
+  def _enqueue(self, state: AiFedState, arrivals: Sequence[Arrival]) -> AiFedState:
+    starts, deltas, masks, lirs = list(state.starts), list(state.deltas), list(state.masks), list(state.lirs)
+    rounds_hat, sizes = list(state.rounds_hat), list(state.sizes)
+    uploads, empty = list(state.layer_uploads), state.empty_uploads
+    for a in arrivals:
+      mask = a.payload["sent"]["mask"]
+      if not isinstance(mask, jax.core.Tracer):  # (traced only when profiling the server step)
+        host_mask = np.asarray(jax.device_get(mask), bool)  # the host decides: is anything sent at all?
+        uploads = [u + int(m) for u, m in zip(uploads, host_mask)]
+        if not host_mask.any():
+          empty += 1  # nothing was sent: the server never sees this update
+          continue
+      starts.append(a.params_start)
+      deltas.append(a.delta)
+      masks.append(mask)
+      lirs.append(a.payload["sent"]["lir"])
+      rounds_hat.append(a.dispatch_round)
+      sizes.append(a.num_samples)
+    return state.replace(starts=tuple(starts), deltas=tuple(deltas), masks=tuple(masks), lirs=tuple(lirs),
+                         rounds_hat=tuple(rounds_hat), sizes=tuple(sizes), layer_uploads=tuple(uploads),
+                         empty_uploads=empty, arrivals=state.arrivals + len(arrivals))
+
+  def aggregate(self, state: AiFedState) -> AiFedState:
+    """One round of AGMA on the whole queue (Algorithm 1 part 2, lines 4-11); the queue is emptied."""
+    current = state.round + 1  # "increasing the global round to r" comes first
+    params, weights = agma_step(
+        state.params, state.starts, state.deltas, state.masks, state.lirs, jnp.asarray(state.sizes, jnp.float32),
+        jnp.asarray(state.rounds_hat, jnp.float32), jnp.float32(current), names=self._names,
+        senders_only=self.hparams.normalisation == "senders", use_lis=self.use_lis, use_lir=self.use_lir)
+    return state.replace(params=params, starts=(), deltas=(), masks=(), lirs=(), rounds_hat=(), sizes=(),
+                         round=current, last_weights=weights)
+
+  def receive(self, state: AiFedState, arrivals: Sequence[Arrival]) -> tuple[AiFedState, bool]:
+    h = self.hparams
+    if h.trigger == "counter":
+      state = self._enqueue(state, arrivals)
+      if len(state.starts) >= h.buffer_size:
+        return self.aggregate(state), True
+      return state, False
+    # Timer: arrivals share one time t; the tick at or before t fires on the queue as it stood then.
+    t = arrivals[0].arrival_time if arrivals else 0
+    if t < state.next_tick:
+      return self._enqueue(state, arrivals), False
+    next_tick = (t // h.period + 1) * h.period
+    if t == state.next_tick:
+      state = self._enqueue(state, arrivals)
+      if not state.starts:
+        return state.replace(next_tick=next_tick), False
+      return self.aggregate(state).replace(next_tick=next_tick), True
+    changed = bool(state.starts)
+    if changed:
+      state = self.aggregate(state)
+    return self._enqueue(state, arrivals).replace(next_tick=next_tick), changed
+
+  # --- accounting and diagnostics -------------------------------------------------------------------
+
+  def payload_bytes(self, payload: Any) -> int:
+    """Bytes of what a client sends beside its layers: mask, r̂, n and LIR (not the local diagnostics)."""
+    return tree_bytes(payload["sent"])
+
+  def upload_bytes(self, arrival: Arrival) -> int:
+    """The layers in the client's mask plus `payload_bytes`; 0 when it sent no layer (Eq. 4 with F)."""
+    mask = np.asarray(jax.device_get(arrival.payload["sent"]["mask"]), bool)
+    if not mask.any():
+      return 0
+    return int(self._layer_bytes[mask].sum()) + self.payload_bytes(arrival.payload)
+
+  def diagnostics(self, state: AiFedState) -> dict[str, Any]:
+    sent = np.asarray(state.layer_uploads, np.float64)
+    out: dict[str, Any] = {"queue": len(state.starts), "empty_uploads": state.empty_uploads}
+    if state.arrivals:
+      out["layer_upload_fraction"] = float(sent.sum() / (state.arrivals * len(sent)))
+      out["byte_upload_fraction"] = float(sent @ self._layer_bytes / (state.arrivals * self._layer_bytes.sum()))
+      out["layer_upload_rate"] = {name: float(s / state.arrivals) for name, s in zip(self._names, sent)}
+    if state.last_weights is not None:
+      out["weights"] = [float(w) for w in jax.device_get(state.last_weights)]
+    return out
+
+  def event_records(self, state: AiFedState, arrivals: Sequence[Arrival]) -> list[dict[str, Any]]:
+    out = []
+    for a in arrivals:
+      payload = jax.device_get(a.payload)
+      out.append({"rc": [float(r) for r in payload["local"]["rc"]], "threshold": float(payload["local"]["threshold"]),
+                  "delta_acc": float(payload["local"]["delta_acc"]),
+                  "mask": [bool(m) for m in payload["sent"]["mask"]], "lir": float(payload["sent"]["lir"]),
+                  "upload_bytes": self.upload_bytes(a)})
+    return out

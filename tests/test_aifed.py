@@ -1,0 +1,421 @@
+"""AiFed: ALMU's consistency (Eq. 8) against scipy, its threshold (Eq. 9) and upload mask on hand-made
+inputs, AGMA's weights (Eqs. 10-15) and layer-wise update (Eq. 6) against hand computations in NumPy,
+the queue's counter and timer, the byte accounting of partial uploads, and an end-to-end run against
+FedBuff on the embedded MNIST subset."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.spatial.distance
+import scipy.stats
+
+from fedpsa_jax import config as config_lib
+from fedpsa_jax.figures import aifed as aifed_figures
+from fedpsa_jax.models import TinyMLP
+from fedpsa_jax.sim import runner
+from fedpsa_jax.strategies import Arrival, ClientJob, StrategyContext
+from fedpsa_jax.strategies import aifed
+from fedpsa_jax.strategies.aifed import AiFed
+from helpers import small_config
+
+NUM_CLASSES = 3
+MODEL = TinyMLP(num_classes=NUM_CLASSES, hidden=6)
+PARAMS0 = MODEL.init(jax.random.key(0), jnp.zeros((1, 4), jnp.float32))
+NAMES = ("Dense_0", "Dense_1")
+
+
+def _ctx(num_clients=6):
+  return StrategyContext(apply_fn=MODEL.apply, num_clients=num_clients, client_sizes=np.full(num_clients, 10),
+                         concurrency=2, num_classes=NUM_CLASSES, seed=0,
+                         calibration_batch=lambda: (jnp.zeros((1, 4)), jnp.zeros((1,), jnp.int32)))
+
+
+def _cfg(num_clients=6, **section):
+  cfg = config_lib.base_config()
+  cfg.method = "aifed"
+  cfg.model.name = "tiny_mlp"
+  cfg.partition.num_clients = num_clients
+  for key, value in section.items():
+    cfg.aifed[key] = value
+  return cfg
+
+
+def _strategy(**section):
+  strategy = AiFed(_cfg(**section), _ctx())
+  return strategy, strategy.init(PARAMS0)
+
+
+def _np(tree):
+  return jax.tree.map(lambda x: np.asarray(x, np.float64), tree)
+
+
+def _random_like(tree, rng, scale=1.0):
+  return jax.tree.map(lambda x: jnp.asarray(scale * rng.normal(size=np.shape(x)), jnp.float32), tree)
+
+
+def _payload(mask, lir=1.0, round_hat=0, n=10):
+  return {"sent": {"mask": jnp.asarray(mask, bool), "round": jnp.int32(round_hat), "num_samples": jnp.int32(n),
+                   "lir": jnp.float32(lir)},
+          "local": {"rc": jnp.ones(len(mask)), "threshold": jnp.float32(0.5), "delta_acc": jnp.float32(0.0)}}
+
+
+def _arrival(client, start, delta, mask, n=10, lir=1.0, dispatch_round=0, time=0, staleness=0):
+  return Arrival(client=client, num_samples=n, staleness=staleness, dispatch_round=dispatch_round,
+                 params_start=start, delta=delta, payload=_payload(mask, lir, dispatch_round, n), arrival_time=time)
+
+
+# --- ALMU: Eq. 8 against scipy ----------------------------------------------------------------------
+
+
+def test_consistency_is_squared_pearson_of_cosine_rdas_like_scipy():
+  rng = np.random.default_rng(0)
+  reps_glo = rng.normal(size=(12, 7)).astype(np.float32)
+  reps_loc = (reps_glo + 0.6 * rng.normal(size=(12, 7))).astype(np.float32)
+  first = np.array([0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 2, 9])
+  second = np.array([1, 5, 3, 11, 4, 10, 7, 8, 9, 11, 6, 10])
+  weights = np.array([1] * 10 + [0, 0], bool)  # the last two pairs are padding
+  rda_glo = aifed.dissimilarity_array(jnp.asarray(reps_glo), jnp.asarray(first), jnp.asarray(second))
+  rda_loc = aifed.dissimilarity_array(jnp.asarray(reps_loc), jnp.asarray(first), jnp.asarray(second))
+  ref_glo = np.array([scipy.spatial.distance.cosine(reps_glo[i], reps_glo[j]) for i, j in zip(first, second)])
+  ref_loc = np.array([scipy.spatial.distance.cosine(reps_loc[i], reps_loc[j]) for i, j in zip(first, second)])
+  np.testing.assert_allclose(rda_glo, ref_glo, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(rda_loc, ref_loc, rtol=1e-4, atol=1e-5)
+  expected = scipy.stats.pearsonr(ref_glo[weights], ref_loc[weights])[0] ** 2
+  assert 0.05 < expected < 0.95
+  np.testing.assert_allclose(float(aifed.representational_consistency(rda_glo, rda_loc, jnp.asarray(weights))),
+                             expected, rtol=1e-4)
+  # Padding must not count: off-trend values there change nothing (but would change an unweighted r²).
+  outliers = rda_loc.at[10:].set(jnp.array([1.9, 0.0]) * jnp.sign(rda_glo[10:] - 1.0))
+  np.testing.assert_allclose(float(aifed.representational_consistency(rda_glo, outliers, jnp.asarray(weights))),
+                             expected, rtol=1e-4)
+  assert abs(scipy.stats.pearsonr(ref_glo, np.asarray(outliers))[0] ** 2 - expected) > 1e-2
+
+
+def test_consistency_is_zero_for_constant_rda_or_too_few_pairs():
+  flat = jnp.ones(6)
+  varied = jnp.arange(6.0)
+  assert float(aifed.representational_consistency(flat, varied, jnp.ones(6, bool))) == 0.0
+  assert float(aifed.representational_consistency(varied, varied, jnp.array([1, 0, 0, 0, 0, 0], bool))) == 0.0
+  np.testing.assert_allclose(float(aifed.representational_consistency(varied, 3 * varied + 1, jnp.ones(6, bool))),
+                             1.0, rtol=1e-6)
+
+
+def test_stimuli_are_up_to_s_per_class_from_the_clients_valid_samples():
+  labels = jnp.array([0, 1, 1, 0, 2, 1, 1, 0, 1, 2, 2, 0])
+  valid = jnp.arange(12) < 10  # the last two positions are padding (labels 2, 0 there must not be used)
+  positions, ok = aifed.select_stimuli(jax.random.key(1), labels, valid, num_classes=4, per_class=3)
+  positions, ok = np.asarray(positions).reshape(4, 3), np.asarray(ok).reshape(4, 3)
+  np.testing.assert_array_equal(ok.sum(axis=1), [3, 3, 2, 0])  # class 0: 3 of 3 valid; 2: two valid; 3: none
+  for c in range(4):
+    chosen = positions[c][ok[c]]
+    assert len(set(chosen)) == len(chosen)
+    assert np.all(np.asarray(labels)[chosen] == c) and np.all(chosen < 10)
+
+
+def test_pairs_are_distinct_valid_and_as_many_as_exist():
+  valid = jnp.array([1, 0, 1, 1, 0, 1], bool)  # 4 valid stimuli: 6 valid pairs
+  first, second, real = aifed.sample_pairs(jax.random.key(2), valid, num_pairs=10)
+  first, second, real = map(np.asarray, (first, second, real))
+  assert real.sum() == 6
+  pairs = {(int(i), int(j)) for i, j, r in zip(first, second, real) if r}
+  assert pairs == {(i, j) for i in (0, 2, 3, 5) for j in (0, 2, 3, 5) if i < j}
+  first, second, real = map(np.asarray, aifed.sample_pairs(jax.random.key(2), valid, num_pairs=4))
+  assert real.all() and len({(int(i), int(j)) for i, j in zip(first, second)}) == 4
+
+
+# --- ALMU: Eq. 9 and the mask -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("round_hat,delta_acc,a_r,a_acc", [(0, 0.0, 0.3, -1.0), (7, 0.25, 0.1, -2.0),
+                                                           (3, -0.5, -0.2, 1.5)])
+def test_threshold_is_the_logistic_of_eq9(round_hat, delta_acc, a_r, a_acc):
+  at = aifed.adaptive_threshold(jnp.int32(round_hat), jnp.float32(delta_acc), a_r, a_acc)
+  np.testing.assert_allclose(float(at), 1.0 / (1.0 + math.exp(-(a_r * round_hat + a_acc * delta_acc))), rtol=1e-6)
+
+
+def _client_data(rng, n=24, padded=30):
+  x_all = jnp.asarray(rng.normal(size=(40, 4)), jnp.float32)
+  y_all = jnp.asarray(rng.integers(0, 2, size=40), jnp.int32)  # the client holds labels 0 and 1 only
+  row = np.zeros(padded, np.int32)
+  row[:n] = rng.permutation(40)[:n]
+  return x_all, y_all, jnp.asarray(row), n
+
+
+def _tiny_mlp_reps(params, x):
+  p = _np(params)["params"]
+  h = x @ p["Dense_0"]["kernel"] + p["Dense_0"]["bias"]
+  return {"Dense_0": h, "Dense_1": np.maximum(h, 0) @ p["Dense_1"]["kernel"] + p["Dense_1"]["bias"]}
+
+
+def test_upload_mask_follows_rc_against_the_threshold_on_a_hand_made_client():
+  """Dense_0 unchanged (rc = 1 up to rounding), Dense_1 scrambled (rc low): with AT = 0.9 the client sends
+  Dense_0 only. rc, δ_acc and AT are checked against NumPy/scipy recomputations."""
+  rng = np.random.default_rng(5)
+  x_all, y_all, row, n = _client_data(rng)
+  start = _random_like(PARAMS0, rng)  # nonzero biases: no representation is the zero vector
+  end = {"params": {"Dense_0": start["params"]["Dense_0"],
+                    "Dense_1": _random_like(PARAMS0["params"]["Dense_1"], rng, scale=2.0)}}
+  a_r = math.log(0.9 / 0.1) / 4  # AT = 0.9 at r̂ = 4 when δ_acc contributes nothing (α_acc = 0)
+  strategy, state = _strategy(alpha_round=a_r, alpha_acc=0.0, accuracy_data="local", stimuli_per_class=4,
+                              num_pairs=12)
+  job = ClientJob(client=3, x_all=x_all, y_all=y_all, index_row=row, num_samples=n, aux=jnp.int32(4))
+  payload = jax.device_get(strategy.client_payload(start, end, job))
+  # The same stimuli and pairs as the client (same key), representations and rc recomputed by hand.
+  key = jax.random.fold_in(strategy._key, 3)
+  k_stim, k_pair = jax.random.split(key)
+  valid = np.arange(30) < n
+  labels = np.asarray(y_all)[np.asarray(row)]
+  positions, ok = aifed.select_stimuli(k_stim, jnp.asarray(labels), jnp.asarray(valid), NUM_CLASSES, 4)
+  first, second, real = map(np.asarray, aifed.sample_pairs(k_pair, ok, 12))
+  x = np.asarray(x_all)[np.asarray(row)[np.asarray(positions)]]
+  glo, loc = _tiny_mlp_reps(start, x), _tiny_mlp_reps(end, x)
+  for index, name in enumerate(NAMES):
+    rda = [np.array([scipy.spatial.distance.cosine(r[name][i], r[name][j])
+                     for i, j, ok_ in zip(first, second, real) if ok_]) for r in (glo, loc)]
+    np.testing.assert_allclose(payload["local"]["rc"][index], scipy.stats.pearsonr(*rda)[0] ** 2, rtol=1e-3,
+                               atol=1e-5)
+  assert payload["local"]["rc"][0] > 0.999 and payload["local"]["rc"][1] < 0.9
+  # δ_acc on the client's whole data (accuracy_data='local'), by hand.
+  xs, ys = np.asarray(x_all)[np.asarray(row)[:n]], labels[:n]
+  acc = lambda params: np.mean(np.argmax(_tiny_mlp_reps(params, xs)["Dense_1"], -1) == ys)
+  np.testing.assert_allclose(payload["local"]["delta_acc"], acc(end) - acc(start), atol=1e-6)
+  np.testing.assert_allclose(payload["local"]["threshold"], 0.9, rtol=1e-5)
+  np.testing.assert_array_equal(payload["sent"]["mask"], [True, False])
+  assert int(payload["sent"]["round"]) == 4 and int(payload["sent"]["num_samples"]) == n
+
+
+def test_threshold_uses_delta_acc_and_variants_without_almu_send_everything():
+  rng = np.random.default_rng(6)
+  x_all, y_all, row, n = _client_data(rng)
+  end = _random_like(PARAMS0, rng)
+  job = ClientJob(client=1, x_all=x_all, y_all=y_all, index_row=row, num_samples=n, aux=jnp.int32(2))
+  strategy, _ = _strategy(alpha_round=0.4, alpha_acc=-3.0, accuracy_data="local")
+  payload = jax.device_get(strategy.client_payload(PARAMS0, end, job))
+  local = payload["local"]
+  assert local["delta_acc"] != 0.0
+  np.testing.assert_allclose(local["threshold"], 1 / (1 + math.exp(-(0.4 * 2 - 3.0 * local["delta_acc"]))), rtol=1e-5)
+  np.testing.assert_array_equal(payload["sent"]["mask"], local["rc"] >= local["threshold"])
+  strategy, _ = _strategy(alpha_round=0.4, alpha_acc=-3.0, accuracy_data="local", upload_when="changed")
+  np.testing.assert_array_equal(strategy.client_payload(PARAMS0, end, job)["sent"]["mask"],
+                                local["rc"] < local["threshold"])
+  for variant in ("agma", "lis", "lir"):
+    strategy, _ = _strategy(variant=variant)
+    assert np.asarray(strategy.client_payload(PARAMS0, end, job)["sent"]["mask"]).all()
+
+
+def test_client_payload_vmaps_over_a_leading_client_axis():
+  """The ALMU function is pure in arrays: vmapped over three clients it equals three separate calls."""
+  rng = np.random.default_rng(11)
+  x_all, y_all, _, _ = _client_data(rng)
+  rows = jnp.asarray(np.stack([rng.permutation(40)[:30] for _ in range(3)]), jnp.int32)
+  sizes = jnp.array([30, 12, 21], jnp.int32)
+  ends = [_random_like(PARAMS0, rng, 0.3) for _ in range(3)]
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *ends)
+  strategy, _ = _strategy(accuracy_data="local", accuracy_batch_size=8)
+  keys = jnp.stack([jax.random.fold_in(strategy._key, c) for c in range(3)])
+  rounds = jnp.array([0, 3, 9], jnp.int32)
+  batched = jax.vmap(strategy._payload, in_axes=(None, 0, None, None, 0, 0, 0, 0))(
+      PARAMS0, stacked, x_all, y_all, rows, sizes, rounds, keys)
+  for c in range(3):
+    job = ClientJob(client=c, x_all=x_all, y_all=y_all, index_row=rows[c], num_samples=int(sizes[c]), aux=rounds[c])
+    single = strategy.client_payload(PARAMS0, ends[c], job)
+    jax.tree.map(lambda b, s: np.testing.assert_allclose(np.asarray(b[c], np.float64), np.asarray(s, np.float64),
+                                                         rtol=1e-5, atol=1e-6), batched, single)
+
+
+def test_lir_is_entropy_in_bits_or_label_number():
+  counts = jnp.array([5.0, 0.0, 3.0, 2.0])
+  np.testing.assert_allclose(float(aifed.label_richness(counts, "entropy")),
+                             scipy.stats.entropy([5, 3, 2], base=2), rtol=1e-6)
+  assert float(aifed.label_richness(counts, "label_number")) == 3.0
+  assert float(aifed.label_richness(jnp.array([0.0, 7.0, 0.0]), "entropy")) == 0.0
+
+
+# --- AGMA: Eqs. 10-15 and Eq. 6 ---------------------------------------------------------------------
+
+
+def test_weights_are_eq15_products_of_shares():
+  sizes, rounds_hat, lirs, r = np.array([10.0, 30.0, 20.0]), np.array([4, 2, 5]), np.array([1.0, 2.0, 0.5]), 6
+  lis = (math.e / 2) ** -(r - rounds_hat)
+  np.testing.assert_allclose(aifed.staleness_level(r, jnp.asarray(rounds_hat)), lis, rtol=1e-6)
+  full = sizes / 60 * lis / lis.sum() * lirs / 3.5
+  np.testing.assert_allclose(aifed.aggregation_weights(sizes, lis, lirs), full, rtol=1e-5)
+  np.testing.assert_allclose(aifed.aggregation_weights(sizes, lis, lirs, use_lir=False), sizes / 60 * lis / lis.sum(),
+                             rtol=1e-5)
+  np.testing.assert_allclose(aifed.aggregation_weights(sizes, lis, lirs, use_lis=False), sizes / 60 * lirs / 3.5,
+                             rtol=1e-5)
+  # Every client single-labelled (IE = 0): the LIR factor is uniform, not 0/0.
+  np.testing.assert_allclose(aifed.aggregation_weights(sizes, lis, np.zeros(3), use_lis=False), sizes / 60 / 3,
+                             rtol=1e-6)
+
+
+def _hand_update(params, starts, deltas, masks, beta, senders_only):
+  """Eq. 6 by hand: per layer, the LUM row prefilled with the global layer (or senders only)."""
+  out = _np(params)
+  for l, name in enumerate(NAMES):
+    for leaf in ("kernel", "bias"):
+      g = out["params"][name][leaf]
+      local = [np.asarray(s["params"][name][leaf], np.float64) + np.asarray(d["params"][name][leaf], np.float64)
+               for s, d in zip(starts, deltas)]
+      sent = [k for k in range(len(starts)) if masks[k][l]]
+      if not sent:
+        continue
+      if senders_only:
+        total = sum(beta[k] for k in sent)
+        out["params"][name][leaf] = sum(beta[k] / total * local[k] for k in sent)
+      else:
+        lum = [local[k] if masks[k][l] else g for k in range(len(starts))]
+        out["params"][name][leaf] = sum(beta[k] / sum(beta) * lum[k] for k in range(len(starts)))
+  return out
+
+
+@pytest.mark.parametrize("senders_only", [False, True])
+def test_layerwise_update_by_hand_and_unsent_layer_kept_exactly(senders_only):
+  rng = np.random.default_rng(7)
+  params = _random_like(PARAMS0, rng)
+  starts = [_random_like(PARAMS0, rng) for _ in range(3)]
+  deltas = [_random_like(PARAMS0, rng, 0.1) for _ in range(3)]
+  beta = np.array([0.2, 0.05, 0.1])
+  for masks in ([[1, 0], [0, 0], [1, 0]], [[1, 1], [0, 1], [1, 0]]):
+    new = aifed.layerwise_update(params, tuple(starts), tuple(deltas), jnp.asarray(masks, jnp.float32),
+                                 jnp.asarray(beta, jnp.float32), NAMES, senders_only)
+    jax.tree.map(lambda a, e: np.testing.assert_allclose(np.asarray(a, np.float64), e, rtol=1e-5, atol=1e-6), new,
+                 _hand_update(params, starts, deltas, masks, beta, senders_only))
+    if not any(m[1] for m in masks):  # no client sent Dense_1: bit-for-bit the global layer
+      jax.tree.map(np.testing.assert_array_equal, new["params"]["Dense_1"], params["params"]["Dense_1"])
+
+
+def test_counter_aggregates_queue_with_eq15_weights_and_skips_empty_uploads():
+  rng = np.random.default_rng(8)
+  strategy, state = _strategy(buffer_size=3)
+  state = state.replace(round=5)
+  starts = [_random_like(PARAMS0, rng) for _ in range(4)]
+  deltas = [_random_like(PARAMS0, rng, 0.1) for _ in range(4)]
+  a = [_arrival(0, starts[0], deltas[0], [1, 0], n=10, lir=1.0, dispatch_round=4),
+       _arrival(1, starts[1], deltas[1], [0, 0], n=50, lir=2.0, dispatch_round=5)]  # sends nothing
+  state, changed = strategy.receive(state, a)
+  assert not changed and len(state.starts) == 1 and state.empty_uploads == 1
+  b = [_arrival(2, starts[2], deltas[2], [1, 1], n=30, lir=2.0, dispatch_round=2),
+       _arrival(3, starts[3], deltas[3], [0, 1], n=20, lir=0.5, dispatch_round=5)]
+  new, changed = strategy.receive(state, b)
+  assert changed and new.round == 6 and new.starts == () and new.arrivals == 4
+  sizes, rounds_hat, lirs = np.array([10.0, 30, 20]), np.array([4, 2, 5]), np.array([1.0, 2.0, 0.5])
+  lis = (math.e / 2) ** -(6 - rounds_hat)
+  beta = sizes / sizes.sum() * lis / lis.sum() * lirs / lirs.sum()
+  np.testing.assert_allclose(strategy.diagnostics(new)["weights"], beta / beta.sum(), rtol=1e-5)
+  expected = _hand_update(PARAMS0, [starts[0], starts[2], starts[3]], [deltas[0], deltas[2], deltas[3]],
+                          [[1, 0], [1, 1], [0, 1]], beta, senders_only=False)
+  jax.tree.map(lambda x, e: np.testing.assert_allclose(np.asarray(x, np.float64), e, rtol=1e-5, atol=1e-6),
+               new.params, expected)
+  assert new.layer_uploads == (2, 2)
+
+
+def test_timer_fires_on_the_queue_as_it_stood_at_the_tick():
+  rng = np.random.default_rng(9)
+  strategy, state = _strategy(trigger="timer", period=100)
+  d = [_random_like(PARAMS0, rng, 0.1) for _ in range(4)]
+  state, changed = strategy.receive(state, [_arrival(0, PARAMS0, d[0], [1, 1], time=40)])
+  assert not changed
+  state, changed = strategy.receive(state, [_arrival(1, PARAMS0, d[1], [1, 1], time=100)])  # at the tick: included
+  assert changed and state.round == 1 and state.starts == () and state.next_tick == 200
+  state, changed = strategy.receive(state, [_arrival(2, PARAMS0, d[2], [1, 1], time=150)])
+  assert not changed
+  before = state.params
+  state, changed = strategy.receive(state, [_arrival(3, PARAMS0, d[3], [1, 1], time=320)])  # after: next tick
+  assert changed and state.round == 2 and len(state.starts) == 1 and state.next_tick == 400
+  # The round used client 2's model alone (LIS/LIR/size shares of one client are all 1).
+  expected = jax.tree.map(lambda s, dd: np.asarray(s, np.float64) + np.asarray(dd, np.float64), PARAMS0, d[2])
+  jax.tree.map(lambda x, e: np.testing.assert_allclose(np.asarray(x, np.float64), e, rtol=1e-6, atol=1e-7),
+               state.params, expected)
+  assert not jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), before, state.params))
+  state, changed = strategy.receive(state, [_arrival(4, PARAMS0, d[0], [0, 0], time=400)])  # only an empty one
+  assert changed and state.round == 3  # the tick still aggregates client 3's queued model
+
+
+# --- accounting -------------------------------------------------------------------------------------
+
+
+def test_upload_bytes_are_the_sent_layers_plus_the_small_payload():
+  strategy, _ = _strategy()
+  sizes = {name: sum(4 * np.size(x) for x in jax.tree.leaves(PARAMS0["params"][name])) for name in NAMES}
+  extra = 2 * 1 + 4 + 4 + 4  # mask (2 bools), r̂, n, LIR
+  delta = jax.tree.map(jnp.zeros_like, PARAMS0)
+  for mask, expected in (([1, 1], sizes["Dense_0"] + sizes["Dense_1"] + extra), ([0, 1], sizes["Dense_1"] + extra),
+                         ([1, 0], sizes["Dense_0"] + extra), ([0, 0], 0)):
+    assert strategy.upload_bytes(_arrival(0, PARAMS0, delta, mask)) == expected
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """AiFed and FedBuff on the same short run of the embedded MNIST subset (2-6 labels per client)."""
+  out = {}
+  for method in ("aifed", "fedbuff"):
+    workdir = str(tmp_path_factory.mktemp(method))
+    sim = runner.Simulation(small_config(method, model="tiny_mlp", days=0.02, partition__method="labels_per_client",
+                                         local__epochs=2), workdir)
+    out[method] = (sim, sim.finish(), workdir)
+  return out
+
+
+def test_end_to_end_bytes_match_the_layers_sent(runs):
+  sim, summary, _ = runs["aifed"]
+  state = sim.state
+  layer_bytes = [4 * sum(np.size(x) for x in jax.tree.leaves(sim.state.params["params"][name]))
+                 for name in sim.strategy.layers]
+  uploads = np.asarray(state.layer_uploads)
+  non_empty = state.arrivals - state.empty_uploads
+  assert summary["client_updates"] == state.arrivals
+  assert summary["bytes_uploaded"] == int(uploads @ np.asarray(layer_bytes)) + non_empty * (len(layer_bytes) + 12)
+  assert 0 < uploads.sum() < state.arrivals * len(layer_bytes)  # some layers were withheld, some sent
+
+
+def test_end_to_end_aifed_uploads_less_than_fedbuff_and_learns(runs):
+  (_, ai, _), (_, fb, _) = runs["aifed"], runs["fedbuff"]
+  assert ai["status"] == "completed" and ai["client_updates"] > 20
+  assert ai["upload_bytes_per_update"] < fb["upload_bytes_per_update"]
+  assert ai["uploaded_mb"] == ai["bytes_uploaded"] / 2 ** 20  # cost_a of Eq. 17 (MiB)
+  assert ai["best_test_accuracy"] > 0.4  # chance is 0.1
+
+
+def test_figure_plots_accuracy_against_accumulated_upload(runs, tmp_path):
+  dirs = [runs[m][2] for m in ("aifed", "fedbuff")]
+  paths = aifed_figures.group_figures(dirs, str(tmp_path / "figs"))
+  assert len(paths) == 1 and open(paths[0], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+  for method in ("aifed", "fedbuff"):
+    sim, summary, workdir = runs[method]
+    mb, acc = aifed_figures.accuracy_vs_upload(workdir)
+    assert acc == [r["test_accuracy"] for r in sim.history]
+    assert mb[0] == 0.0 and mb[-1] == summary["uploaded_mb"] and mb == sorted(mb)
+
+
+def test_full_upload_variant_on_a_timer_sends_whole_models():
+  """AGMA-LN (no ALMU) on a timer: every update uploads every layer, and rounds follow the timer."""
+  c = small_config("aifed", model="linear", days=0.01, partition__method="labels_per_client")
+  c.aifed.variant, c.aifed.lir, c.aifed.trigger, c.aifed.period = "agma", "label_number", "timer", 60
+  sim = runner.Simulation(c)
+  summary = sim.finish()
+  model_bytes = 4 * sum(np.size(x) for x in jax.tree.leaves(sim.state.params))
+  assert summary["bytes_uploaded"] == summary["client_updates"] * (model_bytes + 1 + 12)
+  assert sim.state.empty_uploads == 0 and summary["client_updates"] > 10
+  assert 0 < summary["rounds"] <= sim.now // 60  # at most one round per tick
+
+
+# --- config -----------------------------------------------------------------------------------------
+
+
+def test_validation_names_each_bad_field():
+  cfg = _cfg(variant="both", lir="gini", trigger="clock", normalisation="none", accuracy_data="test",
+             upload_when="never", stimuli_per_class=0, num_pairs=-2, period=0, alpha_round=float("nan"),
+             alpha_acc=float("inf"), buffer_size=99)
+  errors = "\n".join(config_lib.config_errors(cfg))
+  for field, value in (("variant", "'both'"), ("lir", "'gini'"), ("trigger", "'clock'"), ("normalisation", "'none'"),
+                       ("accuracy_data", "'test'"), ("upload_when", "'never'"), ("stimuli_per_class", "0"),
+                       ("num_pairs", "-2"), ("period", "0"),
+                       ("alpha_round", "nan"), ("alpha_acc", "inf"), ("buffer_size", "99")):
+    assert f"aifed.{field}={value} is invalid; allowed:" in errors, field
+  assert not config_lib.config_errors(_cfg())
