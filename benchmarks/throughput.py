@@ -1,12 +1,13 @@
 """Client updates per second of whole simulations, per execution backend, against the bare-steps ideal.
 
     python benchmarks/throughput.py [--days=0.03] [--warmup_days=0.005] [--models=mnist_cnn,linear]
-                                    [--executions=loop,vmap,sharded] [--method=fedpsa]
+                                    [--executions=loop,loop@2,vmap,sharded@2] [--method=fedpsa]
 
 For each model (the default job: FedPSA on the embedded MNIST, 50 clients, Dirichlet α = 0.1) and each
-backend, one run; figures are taken after `warmup_days` (compiles excluded from the rates, counted
-separately). `sharded` runs in a child process with two forced host devices
-(`--xla_force_host_platform_device_count=2`), the only way to get two devices on a CPU.
+backend, one run in a fresh process (no jit cache shared between rows); figures are taken after
+`warmup_days` (compiles excluded from the rates, counted separately). `name@D` runs with D forced host
+devices (`--xla_force_host_platform_device_count=D`, the only way to get several devices on a CPU):
+`loop@2` sends jobs round-robin to the two devices, `sharded@2` splits each batch's client axis.
 
 Printed per row: client updates per second; the share of wall time outside local training (host
 loop, aggregation, client payloads such as FedPSA's sketch, evaluation); padding waste (masked steps /
@@ -30,7 +31,8 @@ sys.path.insert(0, ROOT)
 flags.DEFINE_float("days", 0.03, "virtual days per run")
 flags.DEFINE_float("warmup_days", 0.005, "virtual days before the measurement starts")
 flags.DEFINE_list("models", ["mnist_cnn", "linear"], "models to run")
-flags.DEFINE_list("executions", ["loop", "vmap", "sharded"], "execution backends")
+flags.DEFINE_list("executions", ["loop", "loop@2", "vmap", "sharded@2"],
+                  "execution backends; `name@D` runs with D forced host devices")
 flags.DEFINE_string("method", "fedpsa", "the method of the runs")
 flags.DEFINE_string("child", "", "internal: run one (model, execution) and print JSON")
 FLAGS = flags.FLAGS
@@ -86,8 +88,9 @@ def measure(model: str, execution: str) -> dict:
 
 def run_child(model: str, execution: str) -> dict:
   env = dict(os.environ)
-  if execution == "sharded":
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+  execution, _, devices = execution.partition("@")
+  if devices:
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}").strip()
   argv = [sys.executable, os.path.abspath(__file__), f"--child={model}:{execution}", f"--days={FLAGS.days}",
           f"--warmup_days={FLAGS.warmup_days}", f"--method={FLAGS.method}"]
   out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT)

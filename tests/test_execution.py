@@ -82,7 +82,7 @@ SHARDED_SCRIPT = """
 import json, sys
 sys.path.insert(0, {tests!r})
 import jax, numpy as np
-from test_execution import _jobs, _results
+from test_execution import _checksums, _jobs, _results
 from fedpsa_jax.sim import runner
 from helpers import small_config
 sim = runner.Simulation(small_config("fedpsa", partition__method="dirichlet", partition__alpha=0.1,
@@ -92,14 +92,19 @@ alone, _ = _results(sim, "loop", jobs)
 sharded, stats = _results(sim, "sharded", jobs)
 diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
            for j in alone for a, b in zip(jax.tree.leaves(alone[j]), jax.tree.leaves(sharded[j])))
-devices = {{d.id for j in sharded for x in jax.tree.leaves(sharded[j]) for d in x.devices()}}
+devices = {{d.id for r in (alone, sharded) for j in r for x in jax.tree.leaves(r[j]) for d in x.devices()}}
 print(json.dumps({{"devices": jax.local_device_count(), "diff": diff, "jobs": stats.jobs,
-                  "waste": stats.padding_waste, "result_devices": sorted(devices)}}))
+                  "waste": stats.padding_waste, "result_devices": sorted(devices), "loop": _checksums(alone)}}))
 """
 
 
-def test_sharded_over_two_host_devices_equals_one_device():
-  """Two forced host devices: the client axis is split over both; results equal the loop's."""
+def _checksums(results):
+  return [[float(np.sum(np.abs(np.asarray(x)))) for x in jax.tree.leaves(results[j])] for j in sorted(results)]
+
+
+def test_two_host_devices_give_the_results_of_one():
+  """Two forced host devices: `sharded` splits the client axis over both, `loop` sends jobs round-robin
+  to both; the results equal those of one device, and come back to the device of the server state."""
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
   out = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT.format(tests=os.path.join(ROOT, "tests"))],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
@@ -109,6 +114,10 @@ def test_sharded_over_two_host_devices_equals_one_device():
   assert report["diff"] < 1e-5
   assert report["waste"] > 0  # 5 jobs over 2 devices: at least one inert padding job ran
   assert report["result_devices"] == [0]  # results come back to the device of the server state
+  sim = runner.Simulation(small_config("fedpsa", partition__method="dirichlet", partition__alpha=0.1,
+                                       local__batch_size=32))
+  one_device, _ = _results(sim, "loop", _jobs(sim, 5))
+  np.testing.assert_allclose(report["loop"], _checksums(one_device), rtol=1e-6)
 
 
 def _metrics(path):

@@ -6,7 +6,9 @@ data, lr, key = fold_in(clients_key, job_id)), so when and beside which other jo
 never changes it (beyond float reassociation inside a vmapped batch).
 
 Backends (`local.execution`):
-- `loop`: one jitted client update after another (unrolled chunks on CPU). No padding.
+- `loop`: one jitted client update per job (unrolled chunks on CPU), no padding; with several local
+  devices the jobs go round-robin over them and run at the same time (JAX dispatches asynchronously).
+  On a CPU, `--xla_force_host_platform_device_count=2` gives two host devices, one client on each.
 - `vmap`: pending jobs are bucketed by step count (rounded up to a power of two), each bucket split
   into batches of power-of-two sizes (binary decomposition: no padding jobs, at most log2(C) + 1
   batch shapes), and each batch runs as one vmapped call of `max steps in the batch` steps; steps past
@@ -116,6 +118,12 @@ class ClientExecutor:
     self.stats = ExecutionStats()
     self.mesh = None
     self.x_all, self.y_all = fed.x_train, fed.y_train
+    self.home = next(iter(fed.x_train.devices()))  # where the data and the server state live
+    # loop: jobs go round-robin to every local device (on a CPU, forced host devices run one client
+    # each at the same time); each device holds its own copy of the data, made once here.
+    self.devices = jax.local_devices() if execution == "loop" else [self.home]
+    self.device_data = {d: ((fed.x_train, fed.y_train, fed.client_indices) if d == self.home else
+                            jax.device_put((fed.x_train, fed.y_train, fed.client_indices), d)) for d in self.devices}
     if execution == "sharded":
       self.mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("clients",))
       # The data lives on every device once, not copied at every call.
@@ -147,8 +155,11 @@ class ClientExecutor:
     jobs = [job for _, job in sorted(self.pending.items())]
     self.stats.calls += 1
     if self.execution == "loop":
-      for job in jobs:
-        self._loop_one(job)
+      # Every job's training is issued first (JAX dispatches asynchronously, so jobs placed on different
+      # devices run at once), then each result is brought home and its payload computed.
+      ends = [self._loop_one(job, self.devices[i % len(self.devices)]) for i, job in enumerate(jobs)]
+      for job, end in zip(jobs, ends):
+        self._finish(job, jax.device_put(end, self.home) if len(self.devices) > 1 else end)
     else:
       self._batched(jobs)
     jax.block_until_ready(list(self.results.values()))
@@ -163,18 +174,21 @@ class ClientExecutor:
     self.stats.payload_seconds += time.perf_counter() - start
     self.results[job.dispatch.job_id] = (_tree_sub(params_end, job.params_start), payload)
 
-  def _loop_one(self, job: Job) -> None:
+  def _loop_one(self, job: Job, device: jax.Device) -> Params:
+    """Issues one job's local training on `device` and returns its (not yet computed) parameters."""
     client = job.dispatch.client
     steps = self.steps_of(job)
-    params_end = self.trainer.train(
-        job.params_start, self.fed.x_train, self.fed.y_train, self.fed.client_indices[client],
-        int(self.fed.client_sizes[client]), job.lr, jax.random.fold_in(self.clients_key, job.dispatch.job_id),
-        aux=job.aux)
-    self._finish(job, params_end)
+    x_all, y_all, indices = self.device_data[device]
+    key = jax.random.fold_in(self.clients_key, job.dispatch.job_id)
+    params, key, aux = (job.params_start, key, job.aux) if device == self.home else \
+        jax.device_put((job.params_start, key, job.aux), device)
+    params_end = self.trainer.train(params, x_all, y_all, indices[client], int(self.fed.client_sizes[client]),
+                                    job.lr, key, aux=aux)
     self.stats.batches += 1
     self.stats.jobs += 1
     self.stats.steps_needed += steps
     self.stats.steps_run += steps
+    return params_end
 
   def _batched(self, jobs: list[Job]) -> None:
     """Buckets by step count (next power of two), then power-of-two batches of similar step counts."""
@@ -208,7 +222,7 @@ class ClientExecutor:
     params_end = self.trainer.train_batch(params_start, self.x_all, self.y_all, index_rows, sizes, lrs, keys,
                                           total_steps, aux, self.mesh)
     if self.mesh is not None:  # results back on the default device, where the server state lives
-      params_end = jax.device_put(params_end, self.fed.x_train.devices().pop())
+      params_end = jax.device_put(params_end, self.home)
     for job, end in zip(batch, _unstack(params_end, real)):
       self._finish(job, end)
     self.stats.batches += 1
