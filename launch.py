@@ -46,6 +46,10 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<c
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "profile", "sweep", "report"], "What to do with the config.")
 _EXECUTOR = flags.DEFINE_enum("executor", "local", list(sweep_lib.EXECUTORS),
                               "sweep: run members one after another here (local) or as Ray tasks (ray).")
+_COMPILATION_CACHE = flags.DEFINE_string(
+    "compilation_cache", None, "sweep: JAX persistent compilation cache directory shared by the members "
+    "(default: WORKDIR/jax_cache; '' turns it off). Members recompile the same functions; the cache makes "
+    "short members ~3x faster and does not change results.")
 _RAY_ADDRESS = flags.DEFINE_string("ray_address", None, "sweep --executor=ray: the cluster address for "
                                    "ray.init(address=...) ('auto': this node's cluster); none: a local instance.")
 _PROFILE_TRACE = flags.DEFINE_bool("profile_trace", False, "profile: also write a jax.profiler trace.")
@@ -137,7 +141,8 @@ def run_sweep(config: ml_collections.ConfigDict, config_path: str, workdir: str 
   workdir = workdir or sweep_workdir(config_path)
   try:
     sweep_lib.expand(config)  # every member validated before any run
-    results = sweep_lib.run(config, workdir, _EXECUTOR.value, _RAY_ADDRESS.value)
+    cache = _COMPILATION_CACHE.value if _COMPILATION_CACHE.value is not None else os.path.join(workdir, "jax_cache")
+    results = sweep_lib.run(config, workdir, _EXECUTOR.value, _RAY_ADDRESS.value, compilation_cache=cache or None)
   except config_lib.ConfigError as err:
     print(err, file=sys.stderr)
     return 2
