@@ -291,7 +291,8 @@ def curves_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, An
     ax.grid(True, alpha=0.3)
   for ax in list(axes.flat)[len(keys):]:
     ax.axis("off")
-  axes.flat[0].legend(fontsize=7)
+  if axes.flat[0].get_legend_handles_labels()[0]:
+    axes.flat[0].legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
@@ -426,7 +427,7 @@ def sweep_report(sweep_dir: str) -> list[str]:
   if "bytes_uploaded" in frame:
     frame["bytes_communicated"] = frame["bytes_uploaded"].astype(float) + frame["bytes_downloaded"].astype(float)
   written = [_csv(frame.set_index("member"), os.path.join(out, "members.csv"))]
-  title = f"# {sweep.get('description') or sweep.get('name')}\n\n"
+  title = f"# {sweep.get('name')}: {sweep.get('description', '')}\n\n"  # (the name says -smoke for a smoke run)
   if spec.get("rows") or spec.get("cols"):
     markdown, means, stds = paper_table(sweep, frame, spec)
     written.append(_write(os.path.join(out, "table.md"), title + markdown))
