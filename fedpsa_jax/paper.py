@@ -8,8 +8,8 @@ paper's row order with their printed names, and the `:arg` parser every paper co
 Smoke variants keep the structure of each result (every row, column and grid point) and change only the
 data and budget: the embedded 5,000 MNIST images stand in for every dataset, with `tiny_mlp` where the
 paper uses a CNN (so FedPAC still has a feature extractor) and `linear` where the paper uses the linear
-model (so FedPAC stays absent there, as in the paper), 20 clients, 1 local epoch, lr 0.05 and a budget of
-a hundredth of a virtual day. Their numbers show the pipeline works, not the paper's results.
+model (so FedPAC stays absent there, as in the paper), 20 clients, 1 local epoch, lr 0.05, FedPSA's thermometer queue L_q = 5 (so κ weights the
+buffer within the run) and a budget of a hundredth of a virtual day. Their numbers show the pipeline works, not the paper's results.
 """
 
 from __future__ import annotations
@@ -73,6 +73,9 @@ def paper_base(smoke: bool) -> ml_collections.ConfigDict:
   # One compiled local loop per member instead of one per unrolled chunk size: compiling dominates a smoke
   # member, and the rolled loop is only slow on CPU for conv nets, which smoke runs do not use.
   c.local.loop = "rolled"
+  # FedPSA's thermometer fills after L_q updates and only then do κ and the temperature weight the buffer
+  # (uniform before); with the paper's L_q = 50 a smoke run would never get there.
+  c.fedpsa.queue_length = 5
   return c
 
 

@@ -20,6 +20,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   base = paper.paper_base(smoke)
   base.partition.alpha = 1.0  # assumed (see the module docstring)
   paper.on_dataset(base, "cifar100", smoke)
+  if smoke:
+    base.sim.virtual_days = 0.03  # response times up to 2,500 units: 0.01 day (864) would see few arrivals
   latency = ("latency", [(f"{lo}-{hi}", {"sim.latency.low": lo, "sim.latency.high": hi}) for lo, hi in RANGES])
   return paper.sweep_config(
       "table4" + ("-smoke" if smoke else ""),
