@@ -133,6 +133,12 @@ def sweep_workdir(config_path: str) -> str:
 
 def run_sweep(config: ml_collections.ConfigDict, config_path: str, workdir: str | None) -> int:
   """The sweep mode: bad input -> its message and exit code 2; a failed member -> exit code 1."""
+  paper_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "paper")
+  paper_configs = sorted(f for f in os.listdir(paper_dir) if f.startswith(("table", "fig")) and f.endswith(".py"))
+  if not os.path.exists(config_path.split(":")[0]):
+    print(f"--config={config_path!r}: no such file; allowed: a sweep config, configs/paper/"
+          f"{{{','.join(paper_configs)}}}[:smoke][,seeds=K]", file=sys.stderr)
+    return 2
   if not sweep_lib.is_sweep_config(config):
     print(f"--config={config_path!r} is not a sweep config (it needs name, base, axes, seeds); allowed: a "
           "sweep config such as configs/paper/table1.py (configs/paper/{table1..table6,fig3..fig6}.py)",

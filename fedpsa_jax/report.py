@@ -310,10 +310,12 @@ def heatmap_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, A
                     for c in cols] for r in rows])
   fig, ax = plt.subplots(figsize=(1.1 * len(cols) + 2.5, 0.8 * len(rows) + 1.8))
   image = ax.imshow(grid, cmap="viridis", aspect="auto")
+  middle = np.nanmean([np.nanmin(grid), np.nanmax(grid)]) if np.isfinite(grid).any() else 0.0
   for i in range(len(rows)):
     for j in range(len(cols)):
-      if not np.isnan(grid[i, j]):
-        ax.text(j, i, f"{grid[i, j]:.{int(spec.get('decimals', 2))}f}", ha="center", va="center", color="w", fontsize=8)
+      if not np.isnan(grid[i, j]):  # dark text on viridis' light (high) end, white on its dark end
+        ax.text(j, i, f"{grid[i, j]:.{int(spec.get('decimals', 2))}f}", ha="center", va="center", fontsize=8,
+                color="k" if grid[i, j] > middle else "w")
   ax.set_xticks(range(len(cols)), [str(c) for c in cols])
   ax.set_yticks(range(len(rows)), [str(r) for r in rows])
   ax.set_xlabel(_display(spec, col))

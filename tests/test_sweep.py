@@ -187,3 +187,6 @@ def test_launch_sweep_rejects_a_run_config(tmp_path):
   assert "--config" in done.stderr and "not a sweep config" in done.stderr and "configs/paper/table1.py" in done.stderr
   done = _launch("--mode=report")
   assert done.returncode == 2 and "--workdir is required" in done.stderr
+  done = _launch("--mode=sweep", "--config=configs/paper/table9.py", f"--workdir={tmp_path / 'y'}")
+  assert done.returncode == 2 and "no such file" in done.stderr and "table1.py" in done.stderr
+  assert not os.path.exists(tmp_path / "x") and not os.path.exists(tmp_path / "y")
