@@ -17,7 +17,7 @@ import pytest
 import scipy.stats
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import figures, io, paper, report, sweep
+from fedpsa_jax import api, figures, io, paper, report, sweep
 from fedpsa_jax.models import get_model
 from fedpsa_jax.sim import runner
 from fedpsa_jax.strategies.fedpsa import make_alignment_fn
@@ -183,3 +183,57 @@ def test_run_report_and_figure_plugins(alignment_run, tmp_path, monkeypatch):
 
 def test_figures_package_loads_its_modules():
   assert all(hasattr(m, "__name__") for m in figures.modules())  # importing every plug-in module works
+
+
+def _fake_members(tmp_path, name: str, config_file: str, summary_of, events_of=None) -> str:
+  """A sweep directory of a paper smoke config whose members hold fabricated summaries (and events)."""
+  config = api_config(config_file)
+  members = sweep.expand(config)
+  workdir = str(tmp_path / name)
+  sweep.write_sweep_json(config, members, workdir)
+  for m in members:
+    run_dir = sweep.member_dir(workdir, m)
+    os.makedirs(run_dir)
+    io.write_json_atomic(os.path.join(run_dir, "summary.json"), {"status": "completed", **summary_of(m)})
+    if events_of:
+      with open(os.path.join(run_dir, "events.jsonl"), "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in events_of(m))
+  return workdir
+
+
+def api_config(spec: str):
+  """A config file of the repository (path relative to its root) as launch.py loads it."""
+  return api._load_config_file(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), spec))
+
+
+def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
+  # Fig. 4: each grid cell is its member's accuracy; one heatmap and table per grid.
+  acc = lambda m: 0.01 * sum(float(v) for k, v in m.labels.items() if k not in ("part", "seed"))
+  workdir = _fake_members(tmp_path, "fig4", "configs/paper/fig4.py:smoke", lambda m: {"final_test_accuracy": acc(m)})
+  written = report.build(workdir)
+  assert {os.path.basename(p) for p in written} >= {"heatmap_gamma_delta.png", "heatmap_ls_lq.png", "heatmap.md"}
+  grid = pd.read_csv(os.path.join(workdir, "report", "heatmap_ls_lq.csv")).set_index("buffer_size")
+  assert grid.loc[2, "L_q=50"] == pytest.approx(100 * 0.01 * (2 + 50))
+  # Fig. 5: the accounting fields per method and dataset.
+  fields = lambda m: {"client_compute_seconds": 1.0 + len(m.labels["method"]), "server_compute_seconds": 0.5,
+                      "bytes_uploaded": 2**20, "bytes_downloaded": 2**21, "upload_bytes_per_update": 1024.0,
+                      "download_bytes_per_update": 2048.0, "final_test_accuracy": 0.5}
+  workdir = _fake_members(tmp_path, "fig5", "configs/paper/fig5.py:smoke", fields)
+  report.build(workdir)
+  overhead = pd.read_csv(os.path.join(workdir, "report", "overhead.csv")).set_index("method")
+  assert overhead.loc["fedpsa", "client_compute_seconds:CIFAR-10"] == pytest.approx(7.0)
+  assert overhead.loc["ca2fl", "bytes_communicated:MNIST"] == pytest.approx(3.0)  # MiB up + down
+  assert math.isnan(overhead.loc["fedpac", "upload_bytes_per_update:FMNIST"])
+  assert os.path.getsize(os.path.join(workdir, "report", "overhead.png")) > 10_000
+  # Fig. 6: pairs pooled over the members' events.jsonl (two seeds), statistics as alignment_stats gives.
+  rng = np.random.default_rng(7)
+  pairs = {s: rng.uniform(0, 1, (30, 2)) for s in (0, 1)}
+  events = lambda m: [{"type": "update", "kappa": k, "alignment": a} for k, a in pairs[m.labels["seed"]]] + [
+      {"type": "round", "temperature": 1.0}]
+  workdir = _fake_members(tmp_path, "fig6", "configs/paper/fig6.py:smoke,seeds=2", lambda m: {}, events)
+  report.build(workdir)
+  saved = json.load(open(os.path.join(workdir, "report", "alignment.json")))
+  both = np.concatenate([pairs[0], pairs[1]])
+  assert saved["n"] == 60
+  assert saved["pearson"] == pytest.approx(scipy.stats.pearsonr(both[:, 0], both[:, 1]).statistic, abs=1e-12)
+  assert saved == json.loads(json.dumps(report.alignment_stats(both[:, 0], both[:, 1], 0.1)))
