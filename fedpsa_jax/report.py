@@ -364,8 +364,9 @@ def overhead_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, 
   return path
 
 
-def alignment_figure(stats: dict[str, Any], path: str) -> str:
-  """Fig. 6: mean alignment per κ bin (line) and the count per bin (bars, second axis)."""
+def alignment_figure(stats: dict[str, Any], path: str, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> str:
+  """Fig. 6: mean alignment per κ bin (line) and the count per bin (bars, second axis); with `pairs`
+  (κ, align) also every sample, faintly."""
   plt = _pyplot()
   bins = stats["bins"]
   fig, ax = plt.subplots(figsize=(6, 3.8))
@@ -373,7 +374,9 @@ def alignment_figure(stats: dict[str, Any], path: str) -> str:
   twin = ax.twinx()
   twin.bar(centres, [b["count"] for b in bins], width=0.8 * stats["bin_width"], alpha=0.3, color="gray")
   twin.set_ylabel("count")
-  ax.plot(centres, [b["mean_alignment"] for b in bins], "o-", color="C0")
+  if pairs is not None:
+    ax.scatter(pairs[0], pairs[1], s=6, alpha=0.25, color="C1", label="updates")
+  ax.plot(centres, [b["mean_alignment"] for b in bins], "o-", color="C0", label="bin mean")
   ax.set_zorder(twin.get_zorder() + 1)
   ax.patch.set_visible(False)
   ax.set_xlabel("κ (bin centre)")
@@ -469,7 +472,7 @@ def sweep_report(sweep_dir: str) -> list[str]:
     written.append(_csv(pd.DataFrame(stats["bins"]), os.path.join(out, "alignment_bins.csv")))
     io.write_json_atomic(os.path.join(out, "alignment.json"), stats)
     written.append(os.path.join(out, "alignment.json"))
-    written.append(alignment_figure(stats, os.path.join(out, "alignment.png")))
+    written.append(alignment_figure(stats, os.path.join(out, "alignment.png"), (kappa, align)))
   run_dirs = [d for d in frame["run_dir"] if os.path.exists(os.path.join(d, "metrics.jsonl"))]
   for d in run_dirs:
     written += figures.run_figures(d, os.path.join(out, "runs", os.path.basename(d)))
