@@ -151,6 +151,16 @@ def test_interrupted_sweep_resumes_without_redoing_finished_members(tmp_path, mo
   assert [r["sweep_action"] for r in sweep.run_local(_tiny_sweep(), workdir, log=lambda _: None).values()] == [
       "skipped"] * 3
   assert calls == []
+  # A longer budget continues each finished member from its end checkpoint instead of starting over: the
+  # lines written before stay byte for byte (a fresh run would rewrite them with other wall_seconds).
+  metrics = os.path.join(workdir, "runs", "method=fedbuff,seed=0", "metrics.jsonl")
+  before = open(metrics).read()
+  longer = _tiny_sweep(("fedbuff",))
+  longer.base.sim.virtual_days = 0.0075
+  result = sweep.run_local(longer, workdir, log=lambda _: None)["method=fedbuff,seed=0"]
+  assert result["sweep_action"] == "ran" and result["virtual_days"] == pytest.approx(0.0075)
+  after = open(metrics).read()
+  assert after.startswith(before) and len(after) > len(before)
   # A member whose config changed (not only in a field a run may continue with) is not "done".
   changed = _tiny_sweep()
   changed.base.local.lr = 0.01
