@@ -8,8 +8,10 @@ paper's row order with their printed names, and the `:arg` parser every paper co
 Smoke variants keep the structure of each result (every row, column and grid point) and change only the
 data and budget: the embedded 5,000 MNIST images stand in for every dataset, with `tiny_mlp` where the
 paper uses a CNN (so FedPAC still has a feature extractor) and `linear` where the paper uses the linear
-model (so FedPAC stays absent there, as in the paper), 20 clients, 1 local epoch, lr 0.05, FedPSA's thermometer queue L_q = 5 (so κ weights the
-buffer within the run) and a budget of a hundredth of a virtual day. Their numbers show the pipeline works, not the paper's results.
+model (so FedPAC stays absent there, as in the paper), 20 clients, 1 local epoch, lr 0.05, FedPSA's
+thermometer queue L_q = 5 (so κ weights the buffer within the run), the rolled local loop (one compile per
+member) and a budget of a hundredth of a virtual day. Their numbers show the pipeline works, not the
+paper's results.
 """
 
 from __future__ import annotations

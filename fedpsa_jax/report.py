@@ -214,8 +214,8 @@ def alignment_pairs(run_dirs: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 
 def alignment_stats(kappa: np.ndarray, align: np.ndarray, bin_width: float = 0.1) -> dict[str, Any]:
   """Sec. 6.6: Pearson r and Spearman ρ of (κ, align) over the samples, and over the bins of κ
-  (bin k = floor(κ / w), i.e. [k·w, (k+1)·w); κ = 1 in the top bin [1 − w, 1]) between each non-empty bin's centre and its mean
-  alignment; the bins with their count, mean κ and mean alignment. A correlation needs 2+ points with
+  (bin k = floor(κ / w), i.e. [k·w, (k+1)·w); κ = 1 in the top bin [1 − w, 1]) between each non-empty
+  bin's centre and its mean alignment; the bins with their count, mean κ and mean alignment. A correlation needs 2+ points with
   variation; otherwise it is nan."""
   kappa, align = np.asarray(kappa, float), np.asarray(align, float)
   top = int(round(1.0 / bin_width)) - 1  # κ = 1 exactly (a cosine's maximum) belongs to the top bin [1 - w, 1]
