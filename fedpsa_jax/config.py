@@ -105,6 +105,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.every_days = 0.01  # evaluate the global model every this many virtual days (and at 0, end)
   c.eval.every_round = False  # also evaluate after every round (costly; for fine-grained curves)
   c.eval.batch_size = 1000  # test-set batch size of evaluation
+  # Size of the fixed held-out test batch on which diagnostics take the test loss's gradient
+  # (fedpsa.log_alignment: the paper's Eqs. 21-22); drawn once per run from the test set, seeded.
+  c.eval.alignment_batch_size = 256
   # Time-to-accuracy: the summary reports the day/time/round/client updates/bytes uploaded of the first
   # evaluation whose test accuracy reaches this value (None if never). 0 disables it.
   c.eval.target_accuracy = 0.0
@@ -224,6 +227,8 @@ def config_errors(c: ml_collections.ConfigDict) -> list[str]:
   check(_is_number(c.eval.every_days) and c.eval.every_days > 0, "eval.every_days", "a number > 0")
   check(_is_int(c.eval.batch_size) and c.eval.batch_size >= 1, "eval.batch_size", "an integer >= 1")
   check(isinstance(c.eval.every_round, bool), "eval.every_round", "True, False")
+  check(_is_int(c.eval.alignment_batch_size) and c.eval.alignment_batch_size >= 1, "eval.alignment_batch_size",
+        "an integer >= 1")
   check(_is_number(c.eval.target_accuracy) and 0 <= c.eval.target_accuracy <= 1, "eval.target_accuracy",
         "a number in [0, 1] (0: off)")
   check(isinstance(c.output.events, bool), "output.events", "True, False")

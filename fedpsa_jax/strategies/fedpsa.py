@@ -18,6 +18,13 @@ Ablations (the paper's Table 6):
 - `no_sensitivity`: κ from sketches of the raw parameters (R θ) instead of their sensitivities.
 Arrivals of one event time enter the buffer together (so a flush may hold more than L_s, as in FLGo's
 FedBuff on which FedPSA builds).
+
+κ-alignment (Sec. 6.6, Eqs. 21-22), a diagnostic for the paper's Fig. 6, off by default
+(`fedpsa.log_alignment`): for each received update, align = cos(g_client, g_server) with
+g = ∇ mean cross-entropy on a fixed held-out test batch (`StrategyContext.alignment_batch`), at the
+client's trained model w_start + Δ and at the server's global model when the update arrives (before the
+flush it may trigger: the model κ compares against). It goes to events.jsonl beside κ; it never changes
+the aggregation.
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ from typing import Any, Sequence
 
 import flax
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import ml_collections
+import optax
 
 from fedpsa_jax import seeding, sensitivity
 from fedpsa_jax.strategies.base import Arrival, Strategy, register, squared_norm
@@ -48,6 +57,7 @@ class FedPSAState:
   queue_count: int = flax.struct.field(pytree_node=False, default=0)  # pushes so far (host)
   last_kappas: jax.Array | None = None  # κ of the last flush (diagnostics)
   last_weights: jax.Array | None = None  # weights of the last flush (diagnostics)
+  last_alignments: jax.Array | None = None  # align_i of the last receive's arrivals (log_alignment only)
 
 
 def temperature(queue: jax.Array, m0: jax.Array, gamma: float, delta: float) -> jax.Array:
@@ -70,6 +80,23 @@ def _observe(queue, position, delta, client_sketch, global_sketch):
   return kappa, m, queue.at[position].set(m)
 
 
+def make_alignment_fn(apply_fn, x: jax.Array, y: jax.Array):
+  """`align(server_params, params_start, deltas) -> [n]`: Eq. 22's cos(g_client_i, g_server) for each
+  client model params_start_i + Δ_i, with Eq. 21's gradients of the mean cross-entropy on (x, y)."""
+
+  def flat_grad(params):
+    loss = lambda p: jnp.mean(optax.softmax_cross_entropy_with_integer_labels(apply_fn(p, x), y))
+    return jax.flatten_util.ravel_pytree(jax.grad(loss)(params))[0]
+
+  @jax.jit
+  def align(server_params, starts, deltas):
+    g_server = flat_grad(server_params)
+    return jnp.stack([sensitivity.cosine_similarity(flat_grad(jax.tree.map(jnp.add, s, d)), g_server)
+                      for s, d in zip(starts, deltas)])
+
+  return align
+
+
 @register("fedpsa")
 class FedPSA(Strategy):
 
@@ -82,6 +109,10 @@ class FedPSA(Strategy):
     c.delta = 0.5  # δ of the same
     c.no_temperature = False  # ablation "w/o T": Temp fixed at γ + δ
     c.no_sensitivity = False  # ablation "w/o S": κ from sketches of raw parameters
+    # Fig. 6 diagnostic: log align = cos(g_client, g_server) on a held-out test batch (Eqs. 21-22) beside κ
+    # in events.jsonl (needs output.events). Costs two gradients on eval.alignment_batch_size samples per
+    # received update; does not change training.
+    c.log_alignment = False
     return c
 
   @classmethod
@@ -93,6 +124,11 @@ class FedPSA(Strategy):
     for field in ("gamma", "delta"):
       if not (isinstance(c[field], (int, float)) and c[field] >= 0):
         errors.append(f"fedpsa.{field}={c[field]!r} is invalid; allowed: a number >= 0")
+    if not isinstance(c.get("log_alignment", False), bool):
+      errors.append(f"fedpsa.log_alignment={c.log_alignment!r} is invalid; allowed: True, False")
+    elif c.get("log_alignment", False) and not config.output.events:
+      errors.append("fedpsa.log_alignment=True is invalid with output.events=False; allowed: output.events=True "
+                    "(the pairs are written to events.jsonl), or log_alignment=False")
     if isinstance(c.gamma, (int, float)) and isinstance(c.delta, (int, float)) and c.gamma + c.delta <= 0:
       errors.append(f"fedpsa.delta={c.delta!r} is invalid; allowed: gamma + delta > 0 (Temp must be positive)")
     return errors
@@ -107,6 +143,11 @@ class FedPSA(Strategy):
     self._chunk_size = s.chunk_size
     self._fisher_method = s.fisher
     self._sketch_fn = None  # built at init, when the parameter count is known
+    self._alignment_fn = None
+    if self.hparams.get("log_alignment", False):
+      if ctx.alignment_batch is None:
+        raise ValueError("fedpsa.log_alignment needs StrategyContext.alignment_batch (a held-out test batch)")
+      self._alignment_fn = make_alignment_fn(ctx.apply_fn, *ctx.alignment_batch())
 
   def init(self, params: Params) -> FedPSAState:
     d = sensitivity.num_params(params)
@@ -127,6 +168,9 @@ class FedPSA(Strategy):
     h = self.hparams
     queue, m0, count, kappas = state.queue, state.m0, state.queue_count, state.kappas
     temp = state.temperature
+    if self._alignment_fn is not None:  # against the global model as it is before this receive's flush
+      state = state.replace(last_alignments=self._alignment_fn(
+          state.params, tuple(a.params_start for a in arrivals), tuple(a.delta for a in arrivals)))
     for a in arrivals:
       kappa, _, queue = _observe(queue, count % h.queue_length, a.delta, a.payload, state.global_sketch)
       kappas += (kappa,)
@@ -159,4 +203,8 @@ class FedPSA(Strategy):
     pushed = state.kappas if state.kappas else tuple(state.last_kappas)
     kappas = [float(k) for k in jax.device_get(pushed[len(pushed) - len(arrivals):])]
     norms = jax.device_get([squared_norm(a.delta) for a in arrivals])
-    return [{"kappa": k, "delta_sq_norm": float(m)} for k, m in zip(kappas, norms)]
+    records = [{"kappa": k, "delta_sq_norm": float(m)} for k, m in zip(kappas, norms)]
+    if self._alignment_fn is not None and state.last_alignments is not None:
+      for record, align in zip(records, jax.device_get(state.last_alignments)):
+        record["alignment"] = float(align)
+    return records

@@ -1,0 +1,143 @@
+"""The paper's experimental setup (Sec. 6.1), shared by the sweep configs in `configs/paper/`.
+
+Each `configs/paper/<result>.py` builds its sweep from these pieces: the run config of Sec. 6.1
+(`paper_base`), the dataset axis with the paper's model per dataset (`dataset_axis`), the methods in the
+paper's row order with their printed names, and the `:arg` parser every paper config shares
+(`parse_arg`: `smoke` switches to the embedded data and tiny budgets; `seeds=K` repeats each member).
+
+Smoke variants keep the structure of each result (every row, column and grid point) and change only the
+data and budget: the embedded 5,000 MNIST images stand in for every dataset, with `tiny_mlp` where the
+paper uses a CNN (so FedPAC still has a feature extractor) and `linear` where the paper uses the linear
+model (so FedPAC stays absent there, as in the paper), 20 clients, 1 local epoch, lr 0.05, FedPSA's
+thermometer queue L_q = 5 (so κ weights the buffer within the run), the rolled local loop (one compile per
+member) and a budget of a hundredth of a virtual day. Their numbers show the pipeline works, not the
+paper's results.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from fedpsa_jax import config as config_lib
+from fedpsa_jax import sweep
+
+# The paper's rows, in its order (Tables 1-3), and the names it prints.
+METHODS = ("fedbuff", "fedavg", "fedasync", "ca2fl", "fedfa", "fedpac", "fedpsa")
+DISPLAY_NAMES = {"fedbuff": "FedBuff (Base)", "fedavg": "FedAvg", "fedasync": "FedAsync", "ca2fl": "CA2FL",
+                 "fedfa": "FedFa", "fedpac": "FedPAC", "fedpsa": "FedPSA (Ours)", "mnist": "MNIST",
+                 "fashion_mnist": "FMNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "alpha": "α",
+                 "no_t": "w/o T", "no_s": "w/o S", "no_ts": "w/o T&S", "full": "Full", "real": "Real-data D_b",
+                 "gaussian": "Gaussian D_b", "uniform": "Uniform", "long_tail": "Long-tail",
+                 "concurrency": "p", "calibration_size": "Batch size", "latency": "Setting",
+                 "gamma": "γ", "delta": "δ", "buffer_size": "L_s", "queue_length": "L_q"}
+# Sec. 6.1's model per dataset (FMNIST: one fully connected layer, so no FedPAC).
+PAPER_MODELS = {"mnist": "mnist_cnn", "fashion_mnist": "linear", "cifar10": "cifar_cnn", "cifar100": "cifar_cnn"}
+# The smoke stand-in model: small, with a feature extractor where the paper's model has one.
+SMOKE_MODELS = {"mnist_cnn": "tiny_mlp", "cifar_cnn": "tiny_mlp", "linear": "linear"}
+ALPHAS = (0.1, 0.5, 1.0)
+
+
+def parse_arg(arg: str | None) -> tuple[bool, list[int]]:
+  """A paper config's `:arg`: comma-separated `smoke` and/or `seeds=K` -> (smoke, seeds [0..K-1])."""
+  smoke, seeds = False, [0]
+  for item in filter(None, (arg or "").split(",")):
+    item = item.strip()
+    if item == "smoke":
+      smoke = True
+    elif item.startswith("seeds=") and item[6:].isdigit() and int(item[6:]) >= 1:
+      seeds = list(range(int(item[6:])))
+    else:
+      raise config_lib.ConfigError(f"config argument {item!r} is invalid; allowed: smoke, seeds=K (K >= 1), "
+                                   "comma-separated (e.g. configs/paper/table1.py:smoke,seeds=3)")
+  return smoke, seeds
+
+
+def paper_base(smoke: bool) -> ml_collections.ConfigDict:
+  """Sec. 6.1's run: 50 clients, FLGo Dirichlet, concurrency 20%, 5 epochs, batch 64, lr 0.01 × 0.999 per
+  round, response times uniform on [10, 500], 10 virtual days, evaluation every 0.05 day; or its smoke
+  stand-in (module docstring)."""
+  c = config_lib.base_config()
+  c.output.progress = False  # many runs, often in Ray workers: one line per member instead of bars
+  if not smoke:
+    c.sim.virtual_days = 10.0
+    c.eval.every_days = 0.05
+    return c
+  c.data.name = "mnist_5k"
+  c.model.name = "tiny_mlp"
+  c.partition.num_clients = 20
+  c.local.epochs = 1
+  c.local.lr = 0.05  # a few updates must already show learning
+  c.sim.virtual_days = 0.01
+  c.eval.every_days = 0.002
+  c.checkpoint.every_days = 0.0  # one checkpoint at the end: enough for resume and extension
+  # One compiled local loop per member instead of one per unrolled chunk size: compiling dominates a smoke
+  # member, and the rolled loop is only slow on CPU for conv nets, which smoke runs do not use.
+  c.local.loop = "rolled"
+  # FedPSA's thermometer fills after L_q updates and only then do κ and the temperature weight the buffer
+  # (uniform before); with the paper's L_q = 50 a smoke run would never get there.
+  c.fedpsa.queue_length = 5
+  return c
+
+
+def dataset_axis(datasets: tuple[str, ...], smoke: bool) -> sweep.Axis:
+  """The dataset axis, each label setting the data and the paper's model for it (smoke: stand-ins)."""
+  values = []
+  for name in datasets:
+    model = PAPER_MODELS[name]
+    fields: dict[str, Any] = {"data.name": name, "model.name": model}
+    if smoke:
+      fields = {"data.name": "mnist_5k", "model.name": SMOKE_MODELS[model]}
+    values.append((name, fields))
+  return ("dataset", values)
+
+
+def no_fedpac_on_linear(datasets: tuple[str, ...]) -> list[dict[str, str]]:
+  """FedPAC splits the model into extractor and classifier: absent where the paper's model is linear."""
+  return [{"method": "fedpac", "dataset": d} for d in datasets if PAPER_MODELS[d] == "linear"]
+
+
+def sweep_config(name: str, description: str, base: ml_collections.ConfigDict, axes: list,
+                 seeds: list[int], report: dict[str, Any], exclude: list | None = None,
+                 parts: list | None = None) -> ml_collections.ConfigDict:
+  """The ConfigDict of one sweep (fields as `fedpsa_jax.sweep` describes them)."""
+  c = ml_collections.ConfigDict()
+  c.name = name  # the sweep's name and the report's title
+  c.description = description  # what the paper reports there
+  c.base = base  # the run config every member starts from
+  c.axes = axes  # [(axis, [(label, {field: value})])]: members are their product
+  c.parts = parts or []  # [(part, more_axes)]: a union of such products (Fig. 4's two grids)
+  c.exclude = exclude or []  # [{axis: label}]: members left out (FedPAC on the linear model)
+  c.seeds = seeds  # each member once per seed
+  r = ml_collections.ConfigDict()
+  r.kind = "table"  # table | curves | heatmap | overhead | alignment (fedpsa_jax/report.py)
+  r.rows = []  # axes along the table's rows (outer first)
+  r.cols = []  # axes along its columns (outer first)
+  r.metric = "final_test_accuracy"  # the summary.json field in the cells
+  r.scale = 100.0  # cells are metric × scale (100: accuracy in %)
+  r.decimals = 2  # digits printed
+  r.best = "max"  # bold the max (or min) of each column within each group of the outer row axis; '' none
+  r.row_mean = False  # add an 'Avg' column (Table 3)
+  r.delta = []  # [col_a, col_b]: add a column a − b of the innermost column axis (Table 5's Abs. Δ)
+  r.display = dict(DISPLAY_NAMES)  # printed names of labels and axes
+  r.update(report)
+  c.report = r
+  return c
+
+
+def alpha_axis(alphas: tuple[float, ...] = ALPHAS) -> sweep.Axis:
+  return sweep.axis("alpha", alphas, "partition.alpha")
+
+
+def method_axis(methods: tuple[str, ...] = METHODS) -> sweep.Axis:
+  return sweep.axis("method", methods)
+
+
+def on_dataset(c: ml_collections.ConfigDict, name: str, smoke: bool) -> ml_collections.ConfigDict:
+  """`c` set to one dataset and the paper's model for it (smoke: the stand-ins), as `dataset_axis` does."""
+  (_, [(_, fields)]) = dataset_axis((name,), smoke)
+  for path, value in fields.items():
+    section, field = path.split(".")
+    c[section][field] = value
+  return c

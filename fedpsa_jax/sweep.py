@@ -1,0 +1,289 @@
+"""Sweeps: one config describes a grid of full run configs; run it locally or on Ray, resumably.
+
+A sweep config (`configs/paper/*.py`, `get_config(arg)`) is a ConfigDict with:
+
+- `name`: the sweep's name (also the report's title);
+- `base`: the run config every member starts from (`config.base_config()` plus changes);
+- `axes`: a list of `(axis_name, [(label, {dotted_field: value, ...}), ...])`: the members are the
+  product of the axes, each member the base with the overrides of one label per axis applied (an axis
+  value may set several fields, e.g. a dataset and its model, or an ablation's two switches);
+- `exclude`: a list of `{axis_name: label}`; a member matching every item of one of them is left out
+  (FedPAC on the linear model);
+- `seeds`: every member is repeated once per seed (the run field `seed`);
+- `report`: the layout `fedpsa_jax.report` draws (see there).
+
+Every member is a full run config that must pass `config.validate`, and has a stable directory name
+made of its labels, `method=fedpsa,dataset=cifar10,alpha=0.1,seed=0`, under `SWEEP_DIR/runs/`. Both
+executors run each member with the same function, `run_member`, which skips a member whose
+summary.json says `completed` for this very config and otherwise lets `Simulation` continue it from its
+own checkpoint (or start it): an interrupted sweep rerun with the same command redoes nothing finished.
+`SWEEP_DIR/sweep.json` holds the sweep config and the member list, which is all the report needs.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import json
+import os
+import re
+import time
+from typing import Any, Callable, Sequence
+
+import ml_collections
+
+from fedpsa_jax import config as config_lib
+from fedpsa_jax import io
+
+SWEEP_FILE = "sweep.json"
+RUNS_DIR = "runs"
+EXECUTORS = ("local", "ray")
+_LABEL = re.compile(r"^[A-Za-z0-9._+-]+$")  # labels become directory names: keep them portable
+# Fields that may differ between a finished member's config.json and the sweep's member config while
+# the member still counts as done (they change nothing a finished run wrote).
+_DONE_IGNORED = ("output.progress", "checkpoint.every_days", "checkpoint.keep", "data.data_dir")
+
+Axis = tuple[str, Sequence[tuple[Any, dict[str, Any]]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+  """One run of a sweep: its labels per axis (and seed), its overrides and its full run config."""
+
+  name: str  # directory name under SWEEP_DIR/runs, from the labels: 'method=fedpsa,alpha=0.1,seed=0'
+  labels: dict[str, Any]  # axis name -> label, plus 'seed'
+  overrides: dict[str, Any]  # dotted field -> value, applied to the sweep's base (seed included)
+  config: ml_collections.ConfigDict
+
+  def as_json(self) -> dict[str, Any]:
+    return {"name": self.name, "labels": self.labels, "overrides": self.overrides}
+
+
+def axis(name: str, values: Sequence[Any], field: str | None = None,
+         extra: Callable[[Any], dict[str, Any]] | None = None) -> Axis:
+  """An axis whose labels are `values`, each setting `field` (default: `name`) to the value, plus the
+  fields `extra(value)` returns (e.g. the model that goes with a dataset)."""
+  return (name, [(v, {field or name: v, **(extra(v) if extra else {})}) for v in values])
+
+
+def is_sweep_config(c: Any) -> bool:
+  return isinstance(c, ml_collections.ConfigDict) and all(k in c for k in ("name", "base", "axes", "seeds"))
+
+
+def _set(c: ml_collections.ConfigDict, path: str, value: Any) -> None:
+  node = c
+  *parents, leaf = path.split(".")
+  for part in parents:
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      raise config_lib.ConfigError(f"sweep override {path!r} is not a run config field")
+    node = node[part]
+  if leaf not in node:
+    raise config_lib.ConfigError(f"sweep override {path!r} is not a run config field")
+  if isinstance(node[leaf], float) and isinstance(value, int) and not isinstance(value, bool):
+    value = float(value)
+  node[leaf] = value
+
+
+def member_name(labels: dict[str, Any]) -> str:
+  return ",".join(f"{k}={v}" for k, v in labels.items())
+
+
+def expand(sweep: ml_collections.ConfigDict) -> list[Member]:
+  """The members of a sweep, in axis order (the last axis fastest, seeds innermost), each validated.
+
+  Raises ConfigError naming the member and field when a member's config is invalid, a label cannot
+  be a directory name, or two members would share a directory.
+  """
+  if not is_sweep_config(sweep):
+    raise config_lib.ConfigError("a sweep config needs the fields name, base, axes, seeds (see fedpsa_jax/sweep.py)")
+  axes = [(str(name), list(values)) for name, values in sweep.axes]
+  # `parts`: a union of grids, [(part_label, more_axes), ...]; each part is the product of `axes` and its
+  # own axes, labelled `part=<label>` (Fig. 4: the γ×δ grid beside the L_s×L_q grid).
+  parts = [(label, [("part", [(label, {})]), *axes, *[(str(n), list(v)) for n, v in more]])
+           for label, more in sweep.get("parts", [])] or [(None, axes)]
+  excludes = [dict(e) for e in sweep.get("exclude", [])]
+  seeds = list(sweep.seeds)
+  if not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
+    raise config_lib.ConfigError(f"sweep seeds={seeds!r} is invalid; allowed: a non-empty list of integers >= 0")
+  members, names = [], set()
+  combos = [(part_axes, combo) for _, part_axes in parts
+            for combo in itertools.product(*(values for _, values in part_axes))]
+  for axes, combo in combos:
+    labels = {name: label for (name, _), (label, _) in zip(axes, combo)}
+    if any(all(labels.get(k) == v for k, v in e.items()) for e in excludes):
+      continue
+    for seed in seeds:
+      overrides: dict[str, Any] = {}
+      for _, fields in combo:
+        overrides.update(fields)
+      overrides["seed"] = seed
+      full_labels = {**labels, "seed": seed}
+      name = member_name(full_labels)
+      bad = [str(v) for v in full_labels.values() if not _LABEL.match(str(v))]
+      if bad:
+        raise config_lib.ConfigError(f"sweep {sweep.name!r}: label(s) {bad} cannot be part of a directory name; "
+                                     "allowed: letters, digits and . _ + -")
+      if name in names:
+        raise config_lib.ConfigError(f"sweep {sweep.name!r}: two members are both named {name!r}")
+      names.add(name)
+      config = copy.deepcopy(sweep.base)
+      for path, value in overrides.items():
+        _set(config, path, value)
+      errors = config_lib.config_errors(config)
+      if errors:
+        raise config_lib.ConfigError(f"sweep {sweep.name!r}, member {name}: invalid config:\n  " + "\n  ".join(errors))
+      members.append(Member(name, full_labels, overrides, config))
+  return members
+
+
+def member_dir(sweep_dir: str, member: Member | str) -> str:
+  return os.path.join(sweep_dir, RUNS_DIR, member if isinstance(member, str) else member.name)
+
+
+def write_sweep_json(sweep: ml_collections.ConfigDict, members: Sequence[Member], sweep_dir: str) -> str:
+  """SWEEP_DIR/sweep.json: the sweep config (its base as config.json holds a run config) and members."""
+  os.makedirs(os.path.join(sweep_dir, RUNS_DIR), exist_ok=True)
+  path = os.path.join(sweep_dir, SWEEP_FILE)
+  io.write_json_atomic(path, {"sweep": io.config_json(sweep), "members": [m.as_json() for m in members]})
+  return path
+
+
+def read_sweep_json(sweep_dir: str) -> dict[str, Any]:
+  with open(os.path.join(sweep_dir, SWEEP_FILE)) as f:
+    return json.load(f)
+
+
+def read_summary(run_dir: str) -> dict[str, Any] | None:
+  path = os.path.join(run_dir, "summary.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def is_done(config_json: dict[str, Any], run_dir: str) -> bool:
+  """Whether `run_dir` holds a completed run of exactly this config (JSON form), so it can be skipped.
+
+  A completed run of a config that differs in a field the runner may continue with (a larger
+  `sim.virtual_days`) is not done: `Simulation` extends it."""
+  summary = read_summary(run_dir)
+  saved_path = os.path.join(run_dir, "config.json")
+  if not summary or summary.get("status") != "completed" or not os.path.exists(saved_path):
+    return False
+  with open(saved_path) as f:
+    saved = json.load(f)
+  return not config_lib.config_differences(saved, config_json, ignore=_DONE_IGNORED)
+
+
+def enable_compilation_cache(path: str) -> bool:
+  """Turns on JAX's persistent compilation cache in `path` for this process, unless one is configured.
+
+  A sweep's members compile the same functions again and again (new closures, same HLO); the cache,
+  keyed by HLO, backend and JAX version, makes a smoke member ~3x faster. It must be set before this
+  process compiles anything (JAX reads it once), so launch.py calls it first thing and each Ray task
+  calls it in its worker. Cached executables are the compiled code itself: results do not change.
+  Returns whether it was set here."""
+  import jax
+
+  if jax.config.jax_compilation_cache_dir:
+    return False
+  os.makedirs(path, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # a sweep's many small compiles too
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return True
+
+
+def run_member(config_json: dict[str, Any], run_dir: str, compilation_cache: str | None = None) -> dict[str, Any]:
+  """Runs one member into `run_dir` unless it is done there; returns its summary.json as read back,
+  with `sweep_action` 'ran' or 'skipped'.
+
+  The one function both executors call (the Ray task sends the config as JSON), so both leave the same
+  run directories and give the same summaries. A partial run directory continues from its checkpoint.
+  `compilation_cache`: a directory for `enable_compilation_cache` (None: leave JAX as configured).
+  """
+  from fedpsa_jax.sim import runner  # imported here: expanding a sweep needs no JAX
+
+  if compilation_cache:
+    enable_compilation_cache(compilation_cache)
+  if is_done(config_json, run_dir):
+    return {**read_summary(run_dir), "sweep_action": "skipped"}
+  config = ml_collections.ConfigDict(config_json)
+  runner.Simulation(config, run_dir).run()
+  return {**read_summary(run_dir), "sweep_action": "ran"}
+
+
+def _failure(member: Member, err: BaseException) -> dict[str, Any]:
+  return {"status": "failed", "sweep_action": "failed", "error": f"{type(err).__name__}: {err}", "member": member.name}
+
+
+def run_local(sweep: ml_collections.ConfigDict, sweep_dir: str, log: Callable[[str], None] = print,
+              compilation_cache: str | None = None) -> dict[str, dict]:
+  """Runs every member one after another in this process; {member name: summary}.
+
+  A member that raises an Exception is recorded as failed and the sweep goes on; an interruption
+  (KeyboardInterrupt) stops it, and rerunning resumes (finished members are skipped)."""
+  members = expand(sweep)
+  write_sweep_json(sweep, members, sweep_dir)
+  results = {}
+  for i, m in enumerate(members):
+    start = time.perf_counter()
+    try:
+      results[m.name] = run_member(io.config_json(m.config), member_dir(sweep_dir, m), compilation_cache)
+    except Exception as err:  # noqa: BLE001 — one broken member must not stop a long sweep
+      results[m.name] = _failure(m, err)
+    log(f"[{i + 1}/{len(members)}] {m.name}: {_outcome(results[m.name])} ({time.perf_counter() - start:.1f} s)")
+  return results
+
+
+def _outcome(summary: dict[str, Any]) -> str:
+  if summary.get("sweep_action") == "failed":
+    return f"failed ({summary['error']})"
+  acc = summary.get("final_test_accuracy")
+  return f"{summary['sweep_action']}, {summary.get('status')}" + (f", final acc {acc:.4f}" if acc is not None else "")
+
+
+def run_ray(sweep: ml_collections.ConfigDict, sweep_dir: str, address: str | None = None,
+            num_cpus_per_member: float = 1.0, log: Callable[[str], None] = print,
+            compilation_cache: str | None = None) -> dict[str, dict]:
+  """Runs every member as a Ray task (`run_member` remotely); {member name: summary}.
+
+  `address`: the cluster to join (`ray.init(address=...)`; 'auto' for the local node's cluster); None
+  joins an already initialised Ray or starts a local instance. The sweep directory must be on storage
+  every node sees (a shared filesystem), and fedpsa_jax importable on every node. Members that are done
+  are skipped by the task itself, so a resumed sweep costs one cheap task per finished member.
+  """
+  try:
+    import ray
+  except ImportError as err:
+    raise config_lib.ConfigError("--executor=ray needs the ray package (pip install ray); allowed: --executor=local, "
+                                 "or install ray") from err
+  if not ray.is_initialized():
+    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+  members = expand(sweep)
+  write_sweep_json(sweep, members, sweep_dir)
+  task = ray.remote(num_cpus=num_cpus_per_member)(run_member)
+  sweep_dir = os.path.abspath(sweep_dir)
+  cache = os.path.abspath(compilation_cache) if compilation_cache else None
+  refs = {task.remote(io.config_json(m.config), member_dir(sweep_dir, m), cache): m for m in members}
+  results, pending = {}, list(refs)
+  while pending:
+    done, pending = ray.wait(pending, num_returns=1)
+    m = refs[done[0]]
+    try:
+      results[m.name] = ray.get(done[0])
+    except Exception as err:  # noqa: BLE001 — a failed task is one failed member (RayTaskError wraps it)
+      results[m.name] = _failure(m, err)
+    log(f"[{len(results)}/{len(members)}] {m.name}: {_outcome(results[m.name])}")
+  return {m.name: results[m.name] for m in members}
+
+
+def run(sweep: ml_collections.ConfigDict, sweep_dir: str, executor: str = "local", address: str | None = None,
+        log: Callable[[str], None] = print, compilation_cache: str | None = None) -> dict[str, dict]:
+  """Runs a sweep with the named executor ('local' or 'ray'); {member name: summary}."""
+  if executor not in EXECUTORS:
+    raise config_lib.ConfigError(f"--executor={executor!r} is invalid; allowed: {', '.join(EXECUTORS)}")
+  if executor == "ray":
+    return run_ray(sweep, sweep_dir, address, log=log, compilation_cache=compilation_cache)
+  return run_local(sweep, sweep_dir, log=log, compilation_cache=compilation_cache)

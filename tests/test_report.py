@@ -1,0 +1,239 @@
+"""Reports (fedpsa_jax/report.py): the paper-layout table from summaries, the κ-alignment statistics
+against scipy.stats on the pairs a real FedPSA run logs (Eqs. 21-22), single-run reports and the figure
+plug-ins."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats
+
+from fedpsa_jax import config as config_lib
+from fedpsa_jax import api, figures, io, paper, report, sweep
+from fedpsa_jax.models import get_model
+from fedpsa_jax.sim import runner
+from fedpsa_jax.strategies.fedpsa import make_alignment_fn
+
+from helpers import small_config
+
+
+def _fake_sweep(tmp_path, accuracies: dict[tuple[str, float, int], float]) -> str:
+  """A sweep directory whose members' summary.json hold the given final accuracies (no training)."""
+  base = config_lib.base_config()
+  config = paper.sweep_config("fake", "Fake table", base,
+                              [paper.method_axis(("fedbuff", "fedpac", "fedpsa")),
+                               paper.dataset_axis(("mnist", "fashion_mnist"), smoke=True)],
+                              [0, 1], {"rows": ["method"], "cols": ["dataset"]},
+                              exclude=paper.no_fedpac_on_linear(("mnist", "fashion_mnist")))
+  members = sweep.expand(config)
+  workdir = str(tmp_path / "fake")
+  sweep.write_sweep_json(config, members, workdir)
+  for m in members:
+    key = (m.labels["method"], m.labels["dataset"], m.labels["seed"])
+    os.makedirs(sweep.member_dir(workdir, m))
+    io.write_json_atomic(os.path.join(sweep.member_dir(workdir, m), "summary.json"),
+                         {"status": "completed", "final_test_accuracy": accuracies[key]})
+  return workdir
+
+
+def test_table_cells_are_mean_and_std_over_seeds_in_the_paper_layout(tmp_path):
+  rng = np.random.default_rng(0)
+  accs = {(m, d, s): float(rng.uniform(0.2, 0.9)) for m in ("fedbuff", "fedpac", "fedpsa")
+          for d in ("mnist", "fashion_mnist") for s in (0, 1)}
+  workdir = _fake_sweep(tmp_path, accs)
+  written = report.build(workdir)
+  assert os.path.join(workdir, "report", "table.md") in written
+  means = pd.read_csv(os.path.join(workdir, "report", "table.csv")).set_index("method")
+  stds = pd.read_csv(os.path.join(workdir, "report", "table_std.csv")).set_index("method")
+  markdown = open(os.path.join(workdir, "report", "table.md")).read()
+  for m in ("fedbuff", "fedpac", "fedpsa"):
+    for d, column in (("mnist", "MNIST"), ("fashion_mnist", "FMNIST")):
+      if (m, d) == ("fedpac", "fashion_mnist"):
+        assert math.isnan(means.loc[m, column])  # left out by the sweep, printed '-'
+        continue
+      values = 100 * np.array([accs[(m, d, 0)], accs[(m, d, 1)]])
+      assert means.loc[m, column] == pytest.approx(values.mean())
+      assert stds.loc[m, column] == pytest.approx(values.std(ddof=1))
+      assert f"{values.mean():.2f} ± {values.std(ddof=1):.2f}" in markdown
+  fedpac_row = next(line for line in markdown.splitlines() if line.startswith("| FedPAC"))
+  assert fedpac_row.endswith("| - |")
+  for column in ("MNIST", "FMNIST"):  # the best of each column in bold
+    best = means[column].idxmax()
+    row = next(line for line in markdown.splitlines() if line.startswith(f"| {paper.DISPLAY_NAMES[best]}"))
+    assert f"**{means.loc[best, column]:.2f}" in row
+
+
+def test_missing_member_shows_as_not_run_and_bad_workdir_is_an_error(tmp_path):
+  accs = {(m, d, s): 0.5 for m in ("fedbuff", "fedpac", "fedpsa") for d in ("mnist", "fashion_mnist") for s in (0, 1)}
+  workdir = _fake_sweep(tmp_path, accs)
+  for seed in (0, 1):
+    os.remove(os.path.join(workdir, "runs", f"method=fedpsa,dataset=mnist,seed={seed}", "summary.json"))
+  report.build(workdir)
+  row = next(line for line in open(os.path.join(workdir, "report", "table.md")) if line.startswith("| FedPSA"))
+  assert "n/a" in row
+  with pytest.raises(report.ReportError, match="--workdir"):
+    report.build(str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def alignment_run(tmp_path_factory):
+  """A short FedPSA run logging κ and align for every received update (as configs/paper/fig6.py does)."""
+  workdir = str(tmp_path_factory.mktemp("fig6") / "run")
+  config = small_config("fedpsa", model="linear", days=0.02, output__events=True, fedpsa__log_alignment=True,
+                        partition__alpha=0.1, eval__alignment_batch_size=128)
+  summary = runner.Simulation(config, workdir).run()
+  return workdir, summary
+
+
+def test_kappa_alignment_statistics_equal_scipy_on_the_logged_pairs(alignment_run):
+  workdir, summary = alignment_run
+  updates = [json.loads(line) for line in open(os.path.join(workdir, "events.jsonl"))
+             if json.loads(line)["type"] == "update"]
+  assert len(updates) == summary["client_updates"] > 10
+  kappa = np.array([u["kappa"] for u in updates])
+  align = np.array([u["alignment"] for u in updates])
+  assert np.all(np.abs(align) <= 1 + 1e-6) and np.std(align) > 0
+  got_kappa, got_align = report.alignment_pairs([workdir])
+  np.testing.assert_array_equal(got_kappa, kappa)
+  np.testing.assert_array_equal(got_align, align)
+  stats = report.alignment_stats(kappa, align, 0.1)
+  assert stats["n"] == len(updates)
+  assert stats["pearson"] == pytest.approx(scipy.stats.pearsonr(kappa, align).statistic, abs=1e-12)
+  assert stats["spearman"] == pytest.approx(scipy.stats.spearmanr(kappa, align).statistic, abs=1e-12)
+  # Bins recomputed independently with pandas: counts and mean alignment per [k/10, (k+1)/10).
+  frame = pd.DataFrame({"bin": np.floor(kappa * 10).astype(int).clip(max=9), "align": align})
+  groups = frame.groupby("bin")["align"].agg(["count", "mean"])
+  assert [b["count"] for b in stats["bins"]] == groups["count"].tolist()
+  assert [b["mean_alignment"] for b in stats["bins"]] == pytest.approx(groups["mean"].tolist())
+  assert sum(b["count"] for b in stats["bins"]) == len(updates)
+
+
+def test_binned_statistics_equal_scipy_on_many_bins():
+  rng = np.random.default_rng(3)
+  kappa = np.concatenate([rng.uniform(-0.3, 1.0, 400), [1.0, 0.0]])  # κ = 1 joins the top bin
+  align = 0.5 * kappa + rng.normal(0, 0.3, kappa.size)
+  stats = report.alignment_stats(kappa, align, 0.1)
+  index = np.minimum(np.floor(kappa / 0.1), 9).astype(int)
+  keys = np.unique(index)
+  centres = (keys + 0.5) * 0.1
+  means = np.array([align[index == k].mean() for k in keys])
+  assert [b["count"] for b in stats["bins"]] == [int((index == k).sum()) for k in keys]
+  assert stats["bins"][-1]["lo"] == pytest.approx(0.9) and len(stats["bins"]) == 13
+  assert stats["binned_pearson"] == pytest.approx(scipy.stats.pearsonr(centres, means).statistic, abs=1e-12)
+  assert stats["binned_spearman"] == pytest.approx(scipy.stats.spearmanr(centres, means).statistic, abs=1e-12)
+  assert stats["pearson"] == pytest.approx(scipy.stats.pearsonr(kappa, align).statistic, abs=1e-12)
+
+
+def test_alignment_is_the_cosine_of_the_two_test_gradients():
+  """Eqs. 21-22 on a linear model: compared with gradients taken by hand (softmax − one-hot)."""
+  model = get_model("linear", 10)
+  x = jax.random.normal(jax.random.key(0), (32, 28, 28, 1))
+  y = jax.random.randint(jax.random.key(1), (32,), 0, 10)
+  server = model.init(jax.random.key(2), x[:1])
+  delta = jax.tree.map(lambda p: 0.05 * jax.random.normal(jax.random.key(3), p.shape), server)
+  align = make_alignment_fn(model.apply, x, y)(server, (server, server), (delta, jax.tree.map(jnp.zeros_like, delta)))
+
+  def hand_grad(params):
+    w, b = params["params"]["Dense_0"]["kernel"], params["params"]["Dense_0"]["bias"]
+    flat = np.asarray(x).reshape(32, -1)
+    err = (jax.nn.softmax(flat @ w + b) - jax.nn.one_hot(y, 10)) / 32
+    return np.concatenate([np.ravel(flat.T @ err), np.ravel(err.sum(0))])
+
+  client = jax.tree.map(jnp.add, server, delta)
+  g_c, g_s = hand_grad(client), hand_grad(server)
+  assert float(align[0]) == pytest.approx(g_c @ g_s / np.linalg.norm(g_c) / np.linalg.norm(g_s), abs=1e-5)
+  assert float(align[1]) == pytest.approx(1.0, abs=1e-6)  # an unchanged client agrees with the server
+
+
+def test_log_alignment_needs_events():
+  config = small_config("fedpsa", fedpsa__log_alignment=True)
+  assert any("fedpsa.log_alignment" in e and "output.events" in e for e in config_lib.config_errors(config))
+
+
+def test_run_report_and_figure_plugins(alignment_run, tmp_path, monkeypatch):
+  workdir, _ = alignment_run
+  seen = {}
+  plugin = types.SimpleNamespace(
+      run_figures=lambda run_dir, out_dir: seen.setdefault("run", []).append(run_dir) or [f"{out_dir}/a.png"],
+      group_figures=lambda run_dirs, out_dir: seen.setdefault("group", []).append(run_dirs) or [f"{out_dir}/b.png"])
+  monkeypatch.setattr(figures, "modules", lambda: [types.SimpleNamespace(), plugin])
+  written = report.build(workdir)
+  assert written[0] == os.path.join(workdir, "report", "learning_curve.png")
+  assert os.path.getsize(written[0]) > 5_000
+  assert written[1:] == [os.path.join(workdir, "report", "a.png")] and seen == {"run": [workdir]}
+  # In a sweep report: run_figures for each member and group_figures once over all of them.
+  seen.clear()
+  accs = {(m, d, s): 0.5 for m in ("fedbuff", "fedpac", "fedpsa") for d in ("mnist", "fashion_mnist") for s in (0, 1)}
+  sweep_dir = _fake_sweep(tmp_path, accs)
+  for name in os.listdir(os.path.join(sweep_dir, "runs")):  # give each member a curve to draw
+    io.write_json_atomic(os.path.join(sweep_dir, "runs", name, "m.json"), {})
+    with open(os.path.join(sweep_dir, "runs", name, "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"day": 0.0, "test_accuracy": 0.1}) + "\n" + json.dumps({"day": 0.01, "test_accuracy": 0.5}))
+  report.build(sweep_dir)
+  assert len(seen["run"]) == 10 and len(seen["group"]) == 1 and sorted(seen["group"][0]) == sorted(seen["run"])
+
+
+def test_figures_package_loads_its_modules():
+  assert all(hasattr(m, "__name__") for m in figures.modules())  # importing every plug-in module works
+
+
+def _fake_members(tmp_path, name: str, config_file: str, summary_of, events_of=None) -> str:
+  """A sweep directory of a paper smoke config whose members hold fabricated summaries (and events)."""
+  config = api_config(config_file)
+  members = sweep.expand(config)
+  workdir = str(tmp_path / name)
+  sweep.write_sweep_json(config, members, workdir)
+  for m in members:
+    run_dir = sweep.member_dir(workdir, m)
+    os.makedirs(run_dir)
+    io.write_json_atomic(os.path.join(run_dir, "summary.json"), {"status": "completed", **summary_of(m)})
+    if events_of:
+      with open(os.path.join(run_dir, "events.jsonl"), "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in events_of(m))
+  return workdir
+
+
+def api_config(spec: str):
+  """A config file of the repository (path relative to its root) as launch.py loads it."""
+  return api._load_config_file(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), spec))
+
+
+def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
+  # Fig. 4: each grid cell is its member's accuracy; one heatmap and table per grid.
+  acc = lambda m: 0.01 * sum(float(v) for k, v in m.labels.items() if k not in ("part", "seed"))
+  workdir = _fake_members(tmp_path, "fig4", "configs/paper/fig4.py:smoke", lambda m: {"final_test_accuracy": acc(m)})
+  written = report.build(workdir)
+  assert {os.path.basename(p) for p in written} >= {"heatmap_gamma_delta.png", "heatmap_ls_lq.png", "heatmap.md"}
+  grid = pd.read_csv(os.path.join(workdir, "report", "heatmap_ls_lq.csv")).set_index("buffer_size")
+  assert grid.loc[2, "L_q=50"] == pytest.approx(100 * 0.01 * (2 + 50))
+  # Fig. 5: the accounting fields per method and dataset.
+  fields = lambda m: {"client_compute_seconds": 1.0 + len(m.labels["method"]), "server_compute_seconds": 0.5,
+                      "bytes_uploaded": 2**20, "bytes_downloaded": 2**21, "upload_bytes_per_update": 1024.0,
+                      "download_bytes_per_update": 2048.0, "final_test_accuracy": 0.5}
+  workdir = _fake_members(tmp_path, "fig5", "configs/paper/fig5.py:smoke", fields)
+  report.build(workdir)
+  overhead = pd.read_csv(os.path.join(workdir, "report", "overhead.csv")).set_index("method")
+  assert overhead.loc["fedpsa", "client_compute_seconds:CIFAR-10"] == pytest.approx(7.0)
+  assert overhead.loc["ca2fl", "bytes_communicated:MNIST"] == pytest.approx(3.0)  # MiB up + down
+  assert math.isnan(overhead.loc["fedpac", "upload_bytes_per_update:FMNIST"])
+  assert os.path.getsize(os.path.join(workdir, "report", "overhead.png")) > 10_000
+  # Fig. 6: pairs pooled over the members' events.jsonl (two seeds), statistics as alignment_stats gives.
+  rng = np.random.default_rng(7)
+  pairs = {s: rng.uniform(0, 1, (30, 2)) for s in (0, 1)}
+  events = lambda m: [{"type": "update", "kappa": k, "alignment": a} for k, a in pairs[m.labels["seed"]]] + [
+      {"type": "round", "temperature": 1.0}]
+  workdir = _fake_members(tmp_path, "fig6", "configs/paper/fig6.py:smoke,seeds=2", lambda m: {}, events)
+  report.build(workdir)
+  saved = json.load(open(os.path.join(workdir, "report", "alignment.json")))
+  both = np.concatenate([pairs[0], pairs[1]])
+  assert saved["n"] == 60
+  assert saved["pearson"] == pytest.approx(scipy.stats.pearsonr(both[:, 0], both[:, 1]).statistic, abs=1e-12)
+  assert saved == json.loads(json.dumps(report.alignment_stats(both[:, 0], both[:, 1], 0.1)))
