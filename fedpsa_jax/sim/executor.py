@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedpsa_jax import local, strategies
+from fedpsa_jax.compiles import CompileCounter
 from fedpsa_jax.data.federated import FederatedData
 from fedpsa_jax.sim.scheduler import Dispatch
 
@@ -77,6 +78,7 @@ class ExecutionStats:
   steps_needed: int = 0  # Σ each job's own step count
   steps_run: int = 0  # Σ batch size × steps of each batched call (padding jobs and masked steps included)
   payload_seconds: float = 0.0  # of the executor's time, computing client payloads (e.g. FedPSA's sketch)
+  compile_seconds: float = 0.0  # of the executor's time, compiling (when given a CompileCounter)
 
   @property
   def padding_waste(self) -> float:
@@ -107,11 +109,12 @@ class ClientExecutor:
   """Runs local training for dispatched jobs, lazily: all pending jobs when a result is needed."""
 
   def __init__(self, trainer: local.LocalTrainer, fed: FederatedData, strategy: strategies.Strategy,
-               clients_key: jax.Array, execution: str = "loop"):
+               clients_key: jax.Array, execution: str = "loop", compiles: CompileCounter | None = None):
     if execution not in EXECUTIONS[1:]:
       raise ValueError(f"local.execution={execution!r} is invalid; allowed: {', '.join(EXECUTIONS)}")
     self.trainer, self.fed, self.strategy, self.clients_key = trainer, fed, strategy, clients_key
     self.execution = execution
+    self.compiles = compiles
     self.pending: dict[int, Job] = {}
     self.results: dict[int, tuple[Params, Any]] = {}
     self.train_seconds = 0.0
@@ -152,12 +155,16 @@ class ClientExecutor:
 
   def _compute_pending(self) -> None:
     start = time.perf_counter()
+    compile_start = self.compiles.seconds if self.compiles else 0.0
     jobs = [job for _, job in sorted(self.pending.items())]
     self.stats.calls += 1
     if self.execution == "loop":
       # Every job's training is issued first (JAX dispatches asynchronously, so jobs placed on different
-      # devices run at once), then each result is brought home and its payload computed.
+      # devices run at once), then each result is brought home and its payload computed. All training
+      # is waited for first: a device runs its work in order, so a payload issued earlier would wait
+      # behind every later job's training and its measured time would include theirs.
       ends = [self._loop_one(job, self.devices[i % len(self.devices)]) for i, job in enumerate(jobs)]
+      jax.block_until_ready(ends)
       for job, end in zip(jobs, ends):
         self._finish(job, jax.device_put(end, self.home) if len(self.devices) > 1 else end)
     else:
@@ -165,9 +172,11 @@ class ClientExecutor:
     jax.block_until_ready(list(self.results.values()))
     self.pending.clear()
     self.train_seconds += time.perf_counter() - start
+    if self.compiles:
+      self.stats.compile_seconds += self.compiles.seconds - compile_start
 
   def _finish(self, job: Job, params_end: Params) -> None:
-    jax.block_until_ready(params_end)  # (so that the payload's own time can be told apart)
+    jax.block_until_ready(params_end)  # (so that the payload's own time is told apart from training)
     start = time.perf_counter()
     payload = self.strategy.client_payload(job.params_start, params_end, self._client_job(job))
     jax.block_until_ready(payload)

@@ -117,7 +117,7 @@ class Simulation:
         max_unroll=config.local.max_unroll, loss=self.strategy.local_loss)
     self.execution = resolve_execution(config.local.execution)
     self.executor = ClientExecutor(trainer, self.fed, self.strategy, seeding.device_key(config.seed, "clients"),
-                                   self.execution)
+                                   self.execution, self.compiles)
     lat = config.sim.latency
     latency = LatencyModel(self.fed.num_clients, lat.distribution, lat.low, lat.high, lat.shape,
                            lat.resample, seeding.host_rng(config.seed, "latency"),
@@ -411,7 +411,8 @@ class Simulation:
           f"number >= {loop['now'] / config_lib.UNITS_PER_DAY!r} (the time of its last checkpoint)")
     self.state = self.strategy.restore_state(self.state, snap["strategy"])
     self.scheduler.load_state_dict(snap["scheduler"])
-    self.executor = ClientExecutor(self._trainer, self.fed, self.strategy, snap["clients_key"], self.execution)
+    self.executor = ClientExecutor(self._trainer, self.fed, self.strategy, snap["clients_key"], self.execution,
+                                   self.compiles)
     for j in snap["jobs"]:
       job = Job(Dispatch(j["job_id"], j["client"], j["dispatch_time"], j["arrival_time"]), j["params_start"],
                 j["lr"], j["dispatch_round"], j["aux"])
