@@ -72,14 +72,20 @@ class LocalTrainer:
   loss: LocalLoss | None = None  # replaces the masked mean cross-entropy when given
 
   def sgd_step(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, t, aux=()):
-    """Step t of the client's schedule (a no-op once t >= its own step count)."""
+    """Step t of the client's schedule (a no-op once t >= its own step count), on a batch of B rows."""
     b = self.batch_size
     steps_per_epoch = jnp.maximum((num_samples + b - 1) // b, 1)  # (>= 1: a 0-sample padding job is inert)
     epoch = jnp.minimum(t // steps_per_epoch, self.epochs - 1)
     slot = (t % steps_per_epoch) * b + jnp.arange(b)
+    active = (t < self.epochs * steps_per_epoch) & (num_samples > 0)
+    return self.batch_step(params, anchor, x_all, y_all, index_row, orders[epoch], slot, num_samples, lr, active,
+                           aux)
+
+  def batch_step(self, params, anchor, x_all, y_all, index_row, order, slot, num_samples, lr, active=True, aux=()):
+    """One SGD step on the samples at positions `slot` of a shuffled epoch `order` (positions >= n are
+    masked out of the mean loss); `active` False leaves the parameters untouched."""
     mask = (slot < num_samples).astype(jnp.float32)
-    order = jnp.take(orders[epoch], jnp.minimum(slot, orders.shape[1] - 1))
-    sample = jnp.take(index_row, order)
+    sample = jnp.take(index_row, jnp.take(order, jnp.minimum(slot, order.shape[0] - 1)))
     x, y = jnp.take(x_all, sample, axis=0), jnp.take(y_all, sample, axis=0)
 
     def loss_fn(p):
@@ -92,9 +98,37 @@ class LocalTrainer:
       return loss
 
     grads = jax.grad(loss_fn)(params)
-    active = (t < self.epochs * steps_per_epoch) & (num_samples > 0)
     # `where`, not lr = 0: a masked step must leave the parameters untouched even if its gradient is inf.
     return jax.tree.map(lambda p, g: jnp.where(active, p - lr.astype(p.dtype) * g, p), params, grads)
+
+  def run_epochs(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, epoch0, count, full, rest,
+                 aux=()):
+    """`count` whole epochs from `epoch0`, unrolled: `full` batches of B rows, then one of `rest` rows
+    (the partial batch, masked past n) when rest > 0. `count`, `full` and `rest` are static."""
+    b = self.batch_size
+    for e in range(count):
+      order = orders[epoch0 + e]
+      for s in range(full):
+        params = self.batch_step(params, anchor, x_all, y_all, index_row, order, s * b + jnp.arange(b), num_samples,
+                                 lr, aux=aux)
+      if rest:
+        params = self.batch_step(params, anchor, x_all, y_all, index_row, order, full * b + jnp.arange(rest),
+                                 num_samples, lr, aux=aux)
+    return params
+
+  def epoch_plan(self, num_samples: int) -> tuple[int, int, list[int]]:
+    """(full, rest, epochs per call) of the unrolled schedule of a client with `num_samples` samples.
+
+    The partial batch runs at `rest` rows, the next power of two >= n mod B (at least 8, at most B),
+    not at B: on the default job (n ~ 90, B = 64) a padded partial batch was ~30% of all step work.
+    Each call holds as many whole epochs as fit in `max_unroll` steps (at least one).
+    """
+    b = self.batch_size
+    full, remainder = divmod(int(num_samples), b)
+    rest = min(b, max(8, 1 << (remainder - 1).bit_length())) if remainder else 0
+    per_call = max(1, self.max_unroll // max(full + (rest > 0), 1))
+    calls = [per_call] * (self.epochs // per_call) + ([self.epochs % per_call] if self.epochs % per_call else [])
+    return full, rest, calls
 
   def run_steps(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, t0, count, aux=()):
     """`count` consecutive steps from t0, unrolled (count static) or rolled (count traced)."""
@@ -132,11 +166,12 @@ class LocalTrainer:
     anchor = params
     if self.loop == "rolled":
       return _run_rolled(self, params, anchor, x_all, y_all, index_row, orders, n, lr, jnp.int32(total), aux)
-    t0 = 0
-    for count in self.chunk_sizes(total):
-      params = _run_chunk(self, params, anchor, x_all, y_all, index_row, orders, n, lr, jnp.int32(t0), count,
-                          aux)
-      t0 += count
+    full, rest, calls = self.epoch_plan(num_samples)
+    epoch0 = 0
+    for count in calls:
+      params = _run_epochs(self, params, anchor, x_all, y_all, index_row, orders, n, lr, jnp.int32(epoch0), count,
+                           full, rest, aux)
+      epoch0 += count
     return params
 
 
@@ -186,6 +221,11 @@ def _run_batch(trainer, mesh, params, anchor, x_all, y_all, index_rows, orders, 
   # The data and the step counters are replicated on every device; every per-client argument is split.
   specs = (split, split, whole, whole, split, split, split, split, whole, whole, split)
   return jax.shard_map(clients, mesh=mesh, in_specs=specs, out_specs=split, check_vma=False)(*args)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 10, 11, 12))
+def _run_epochs(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr, epoch0, count, full, rest, aux=()):
+  return trainer.run_epochs(params, anchor, x_all, y_all, index_row, orders, n, lr, epoch0, count, full, rest, aux)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 10))

@@ -106,11 +106,26 @@ class Profiler:
     self.add("sgd_step", compiled_cost(one_step, *args), lambda: jax.jit(one_step)(*args),
              batch=trainer.batch_size)
     steps = local.num_local_steps(n, trainer.batch_size, trainer.epochs)
-    chunk_costs = [compiled_cost(functools.partial(trainer.run_steps, count=c), *args, jnp.int32(0))
-                   for c in trainer.chunk_sizes(steps)]
+    full, rest, calls = trainer.epoch_plan(n)
+    if rest:  # the partial batch of each epoch runs at `rest` rows (see LocalTrainer.epoch_plan)
+      slot = full * trainer.batch_size + jnp.arange(rest)
+
+      def partial_step(params, anchor, x_all, y_all, index_row, order, num_samples, lr):
+        return trainer.batch_step(params, anchor, x_all, y_all, index_row, order, slot, num_samples, lr)
+
+      partial_args = (*args[:5], orders[0], jnp.int32(n), jnp.float32(0.01))
+      self.add("sgd_step_partial", compiled_cost(partial_step, *partial_args),
+               lambda: jax.jit(partial_step)(*partial_args), batch=rest)
+    if trainer.loop == "rolled":
+      chunk_costs = [compiled_cost(functools.partial(trainer.run_steps, count=c), *args, jnp.int32(0))
+                     for c in trainer.chunk_sizes(steps)]
+    else:
+      chunk_costs = [compiled_cost(functools.partial(trainer.run_epochs, count=c, full=full, rest=rest), *args,
+                                   jnp.int32(0)) for c in calls]
     self.add("client_update", _summed(chunk_costs),
              lambda: trainer.train(self.params, fed.x_train, fed.y_train, row, n, 0.01, key),
-             steps=steps, samples=n)
+             steps=steps, samples=n, full_batches=trainer.epochs * full, partial_batches=trainer.epochs * (rest > 0),
+             partial_rows=rest)
 
   def sensitivity_pieces(self, sizes: Sequence[int]) -> None:
     c = self.config

@@ -11,7 +11,8 @@ import pytest
 from fedpsa_jax import fisher, sensitivity
 from fedpsa_jax.models import MODELS, get_model
 
-INPUTS = {"mnist_cnn": (28, 28, 1), "linear": (28, 28, 1), "cifar_cnn": (32, 32, 3), "tiny_mlp": (6, 6, 1)}
+INPUTS = {"mnist_cnn": (28, 28, 1), "linear": (28, 28, 1), "cifar_cnn": (32, 32, 3), "tiny_mlp": (6, 6, 1),
+          "aifed_cnn": (28, 28, 1)}
 
 
 def max_rel_err(a, b) -> float:

@@ -46,9 +46,13 @@ def test_client_update_cost_is_steps_times_one_step():
   profiler = profiling.Profiler(c, repeats=1)
   profiler.local_training()
   rows = {r["piece"]: r for r in profiler.rows}
-  steps = rows["client_update"]["steps"]
-  assert steps > 1
-  assert rows["client_update"]["gflops"] == pytest.approx(steps * rows["sgd_step"]["gflops"], rel=0.05)
+  update = rows["client_update"]
+  assert update["steps"] > 1 and update["full_batches"] + update["partial_batches"] == update["steps"]
+  expected = update["full_batches"] * rows["sgd_step"]["gflops"]
+  if update["partial_batches"]:  # the partial batch of each epoch runs at fewer rows, at its own cost
+    assert rows["sgd_step_partial"]["batch"] == update["partial_rows"] < rows["sgd_step"]["batch"]
+    expected += update["partial_batches"] * rows["sgd_step_partial"]["gflops"]
+  assert update["gflops"] == pytest.approx(expected, rel=0.05)
 
 
 def test_loop_free_twin_counts_every_sample():
