@@ -74,7 +74,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.local.lr = 0.01  # initial client learning rate
   c.local.lr_decay = 0.999  # lr_r = lr * lr_decay**r, r the global round at dispatch
   c.local.loop = "auto"  # unrolled: chunks of unrolled steps (fast on CPU); rolled: one fori_loop (GPU)
-  c.local.max_unroll = 16  # unrolled loop: at most this many steps per compiled chunk
+  # unrolled loop: steps per compiled call (whole epochs per call, at least one; the t-indexed chunks of
+  # vmap/sharded: at most this many steps)
+  c.local.max_unroll = 16
   # How pending client updates run (fedpsa_jax/sim/executor.py): loop (one after another), vmap (buckets
   # of similar step counts in one vmapped call), sharded (vmap split over all local devices), auto
   # (the fastest measured for the platform: loop on CPU, vmap/sharded on GPU).

@@ -7,13 +7,17 @@ traced argument, so decaying it never recompiles.
 
 How the steps are looped is a per-backend choice, measured on this 2-core CPU (MNIST CNN, B = 64):
 one step inside a rolled `fori_loop` took ~2 s against ~75 ms fully unrolled (XLA:CPU runs convs in
-a while-loop body on a slow path; jax issue 12868), and a Python loop over a jitted step ~90 ms. So
-`unrolled` runs chunks of at most `max_unroll` unrolled steps, the remainder split into powers of two
-so at most log2(max_unroll) + 1 chunk shapes ever compile and no step is wasted; `rolled` runs one
-`fori_loop` (the natural choice on GPU, no recompilation for any step count).
+a while-loop body on a slow path; jax issue 12868), and a Python loop over a jitted step ~90 ms.
 
-Every step knows its global index t, so a client with fewer steps than the chunk it runs in simply
-masks the rest (lr 0): the same functions serve the batched, vmapped execution of many clients.
+- `unrolled` (`train`, one client): each jitted call runs whole epochs unrolled, as many as fit in
+  `max_unroll` steps; an epoch is `n // B` full batches and then the partial batch at its own size,
+  the next power of two >= n mod B (at least 8), masked past n. Compiled shapes: one per (full batches,
+  partial size, epochs per call) met. Running the partial batch at B instead cost ~30% more step work
+  on the default job (n ~ 90, B = 64).
+- `rolled`: one `fori_loop` over t-indexed steps (the natural choice on GPU, no recompilation).
+- Batched execution of many clients (`train_batch`, vmapped) uses t-indexed full-size steps: every step
+  knows its global index t, so a client with fewer steps than the batch's longest simply masks the
+  rest; chunks of at most `max_unroll` unrolled steps, the remainder in powers of two.
 
 The loss of a batch is the masked mean cross-entropy, or a strategy's `loss`
 `(apply_fn, params, anchor, x, y, mask, aux) -> scalar` (FedPAC's prototype alignment), plus the optional
