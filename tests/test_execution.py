@@ -54,7 +54,9 @@ def _results(sim, execution, jobs):
   return {job.dispatch.job_id: ex.result(job.dispatch.job_id) for job in jobs}, ex.stats
 
 
-@pytest.mark.parametrize("method,model", [("fedpsa", "linear"), ("fedpac", "tiny_mlp")])
+# FedPAC exercises aux, a local loss and a data-dependent payload; FedPSA's sketch payload is compared in the
+# two-device test below.
+@pytest.mark.parametrize("method,model", [("fedpac", "tiny_mlp")])
 def test_batched_results_equal_per_job_results(method, model):
   """Whatever the batch composition (7 jobs of mixed step counts: buckets and batches of 4, 2, 1), each
   job's Δ and payload equal those of the job computed alone."""
