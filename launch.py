@@ -170,7 +170,6 @@ def run_sweep(config: ml_collections.ConfigDict, config_path: str, workdir: str 
     return 2
   workdir = workdir or sweep_workdir(config_path)
   try:
-    sweep_lib.expand(config)  # every member validated before any run
     cache = _COMPILATION_CACHE.value if _COMPILATION_CACHE.value is not None else os.path.join(workdir, "jax_cache")
     results = sweep_lib.run(config, workdir, _EXECUTOR.value, _RAY_ADDRESS.value, compilation_cache=cache or None)
   except config_lib.ConfigError as err:

@@ -232,11 +232,6 @@ def _run_epochs(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr,
   return trainer.run_epochs(params, anchor, x_all, y_all, index_row, orders, n, lr, epoch0, count, full, rest, aux)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 10))
-def _run_chunk(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr, t0, count, aux=()):
-  return trainer.run_steps(params, anchor, x_all, y_all, index_row, orders, n, lr, t0, count, aux)
-
-
 @functools.partial(jax.jit, static_argnums=(0,))
 def _run_rolled(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr, total, aux=()):
   return trainer.run_steps(params, anchor, x_all, y_all, index_row, orders, n, lr, jnp.int32(0), total, aux)

@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from typing import Any, Sequence
@@ -63,11 +64,7 @@ def load_members(sweep_dir: str) -> tuple[dict[str, Any], pd.DataFrame]:
 
 def _ordered(values: Sequence[Any]) -> list[Any]:
   """Unique values in order of first appearance (the sweep's axis order, not sorted)."""
-  out: list[Any] = []
-  for v in values:
-    if v not in out:
-      out.append(v)
-  return out
+  return list(dict.fromkeys(values))
 
 
 def _axis_labels(sweep: dict[str, Any], name: str, frame: pd.DataFrame) -> list[Any]:
@@ -192,10 +189,7 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
 
 
 def _product(lists: Sequence[Sequence[Any]]) -> list[tuple]:
-  out: list[tuple] = [()]
-  for values in lists:
-    out = [(*o, v) for o in out for v in values]
-  return out
+  return list(itertools.product(*lists))
 
 
 # --- κ-alignment (Fig. 6) -----------------------------------------------------------------------------
@@ -243,13 +237,7 @@ def alignment_stats(kappa: np.ndarray, align: np.ndarray, bin_width: float = 0.1
 # --- figures ------------------------------------------------------------------------------------------
 
 
-def _pyplot():
-  import matplotlib
-
-  matplotlib.use("Agg")  # files only, no display (and no backend chosen at import of this module)
-  import matplotlib.pyplot as plt
-
-  return plt
+_pyplot = figures.pyplot  # (the one place the backend is chosen)
 
 
 def _mean_curve(run_dirs: Sequence[str], y: str = "test_accuracy") -> tuple[np.ndarray, np.ndarray] | None:

@@ -259,10 +259,10 @@ def run_ray(sweep: ml_collections.ConfigDict, sweep_dir: str, address: str | Non
   except ImportError as err:
     raise config_lib.ConfigError("--executor=ray needs the ray package (pip install ray); allowed: --executor=local, "
                                  "or install ray") from err
+  members = expand(sweep)  # (every member validated before Ray starts)
+  write_sweep_json(sweep, members, sweep_dir)
   if not ray.is_initialized():
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
-  members = expand(sweep)
-  write_sweep_json(sweep, members, sweep_dir)
   task = ray.remote(num_cpus=num_cpus_per_member)(run_member)
   sweep_dir = os.path.abspath(sweep_dir)
   cache = os.path.abspath(compilation_cache) if compilation_cache else None

@@ -48,7 +48,7 @@ def _jobs(sim, count, seed=0):
 
 
 def _results(sim, execution, jobs):
-  ex = executor_lib.ClientExecutor(sim._trainer, sim.fed, sim.strategy, sim.executor.clients_key, execution)
+  ex = executor_lib.ClientExecutor(sim.executor.trainer, sim.fed, sim.strategy, sim.executor.clients_key, execution)
   for job in jobs:
     ex.submit(job)
   return {job.dispatch.job_id: ex.result(job.dispatch.job_id) for job in jobs}, ex.stats

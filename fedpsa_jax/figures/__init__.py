@@ -19,6 +19,17 @@ from types import ModuleType
 from typing import Sequence
 
 
+def pyplot():
+  """matplotlib.pyplot on the Agg backend (files only, no display), chosen when a figure is drawn, not
+  when a module is imported. Every figure of the report and of the plug-ins gets pyplot here."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  return plt
+
+
 def modules() -> list[ModuleType]:
   """Every module of this package, imported (import is cached by Python, so calling this is cheap)."""
   return [importlib.import_module(f"{__name__}.{info.name}") for info in sorted(pkgutil.iter_modules(__path__),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 
-from fedpsa_jax import io
+from fedpsa_jax import figures, io
 
 
 def _label(run_dir: str) -> str:
@@ -37,11 +37,7 @@ def accuracy_vs_upload(run_dir: str) -> tuple[list[float], list[float]]:
 
 def group_figures(run_dirs: list[str], out_dir: str) -> list[str]:
   """Accuracy against accumulated uploaded MiB for `run_dirs`, one PNG in `out_dir`; returns its path."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+  plt = figures.pyplot()
   os.makedirs(out_dir, exist_ok=True)
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
   for run_dir in run_dirs:

@@ -11,14 +11,9 @@ from __future__ import annotations
 import json
 import os
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.ticker  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from fedpsa_jax import io  # noqa: E402
+from fedpsa_jax import figures, io
 
 
 def cluster_matrix(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
@@ -42,6 +37,9 @@ def run_figures(run_dir: str, out_dir: str) -> list[str]:
   if clusters.size == 0:
     return []
   os.makedirs(out_dir, exist_ok=True)
+  plt = figures.pyplot()
+  import matplotlib.ticker  # (after pyplot() chose the backend)
+
   fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=(2, 1),
                                     layout="constrained")
   # Step edges: each evaluation's assignment holds until the next one.

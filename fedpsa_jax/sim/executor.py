@@ -164,9 +164,7 @@ class ClientExecutor:
       # is waited for first: a device runs its work in order, so a payload issued earlier would wait
       # behind every later job's training and its measured time would include theirs.
       ends = [self._loop_one(job, self.devices[i % len(self.devices)]) for i, job in enumerate(jobs)]
-      jax.block_until_ready(ends)
-      for job, end in zip(jobs, ends):
-        self._finish(job, jax.device_put(end, self.home) if len(self.devices) > 1 else end)
+      self._finish(jobs, [jax.device_put(end, self.home) for end in ends] if len(self.devices) > 1 else ends)
     else:
       self._batched(jobs)
     jax.block_until_ready(list(self.results.values()))
@@ -175,13 +173,17 @@ class ClientExecutor:
     if self.compiles:
       self.stats.compile_seconds += self.compiles.seconds - compile_start
 
-  def _finish(self, job: Job, params_end: Params) -> None:
-    jax.block_until_ready(params_end)  # (so that the payload's own time is told apart from training)
+  def _finish(self, jobs: Sequence[Job], ends: Sequence[Params]) -> None:
+    """Every job's payload and Δ from its trained parameters: the payloads are issued together once all
+    training is done, so that their time (one wait for all) is told apart from training's."""
+    jax.block_until_ready(ends)
     start = time.perf_counter()
-    payload = self.strategy.client_payload(job.params_start, params_end, self._client_job(job))
-    jax.block_until_ready(payload)
+    payloads = [self.strategy.client_payload(job.params_start, end, self._client_job(job))
+                for job, end in zip(jobs, ends)]
+    jax.block_until_ready(payloads)
     self.stats.payload_seconds += time.perf_counter() - start
-    self.results[job.dispatch.job_id] = (_tree_sub(params_end, job.params_start), payload)
+    for job, end, payload in zip(jobs, ends, payloads):
+      self.results[job.dispatch.job_id] = (_tree_sub(end, job.params_start), payload)
 
   def _loop_one(self, job: Job, device: jax.Device) -> Params:
     """Issues one job's local training on `device` and returns its (not yet computed) parameters."""
@@ -232,8 +234,7 @@ class ClientExecutor:
                                           total_steps, aux, self.mesh)
     if self.mesh is not None:  # results back on the default device, where the server state lives
       params_end = jax.device_put(params_end, self.home)
-    for job, end in zip(batch, _unstack(params_end, real)):
-      self._finish(job, end)
+    self._finish(batch, _unstack(params_end, real))
     self.stats.batches += 1
     self.stats.jobs += real
     self.stats.steps_run += size * total_steps

@@ -36,7 +36,6 @@ import jax
 import jax.flatten_util
 import jax.numpy as jnp
 import ml_collections
-import optax
 
 from fedpsa_jax import seeding, sensitivity
 from fedpsa_jax.strategies.base import Arrival, Strategy, register, squared_norm
@@ -85,8 +84,7 @@ def make_alignment_fn(apply_fn, x: jax.Array, y: jax.Array):
   client model params_start_i + Δ_i, with Eq. 21's gradients of the mean cross-entropy on (x, y)."""
 
   def flat_grad(params):
-    loss = lambda p: jnp.mean(optax.softmax_cross_entropy_with_integer_labels(apply_fn(p, x), y))
-    return jax.flatten_util.ravel_pytree(jax.grad(loss)(params))[0]
+    return jax.flatten_util.ravel_pytree(sensitivity.mean_gradient(apply_fn, params, x, y))[0]
 
   @jax.jit
   def align(server_params, starts, deltas):
