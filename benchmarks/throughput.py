@@ -1,19 +1,23 @@
 """Client updates per second of whole simulations, per execution backend, against the bare-steps ideal.
 
     python benchmarks/throughput.py [--days=0.03] [--warmup_days=0.005] [--models=mnist_cnn,linear]
-                                    [--executions=loop,loop@2,vmap,sharded@2] [--method=fedpsa]
+                                    [--executions=loop,loop@2,loop@3,vmap,sharded@2] [--method=fedpsa]
 
-For each model (the default job: FedPSA on the embedded MNIST, 50 clients, Dirichlet α = 0.1) and each
-backend, one run in a fresh process (no jit cache shared between rows); figures are taken after
-`warmup_days` (compiles excluded from the rates, counted separately). `name@D` runs with D forced host
-devices (`--xla_force_host_platform_device_count=D`, the only way to get several devices on a CPU):
-`loop@2` sends jobs round-robin to the two devices, `sharded@2` splits each batch's client axis.
+For each model (the default job: the embedded MNIST, 50 clients, Dirichlet α = 0.1; `--method=fedbuff`
+is the job FLGo was measured on) and each backend, one run in a fresh process (no jit cache shared
+between rows); figures are taken after `warmup_days`. `name@D` runs with D forced host devices
+(`--xla_force_host_platform_device_count=D`, the only way to get several devices on a CPU): `loop@2`
+trains clients on both devices, `loop@3` on two while the third serves (see executor.client_devices),
+`sharded@2` splits each batch's client axis.
 
-Printed per row: client updates computed per second (compile time excluded); the share of wall time
-outside local training (host loop, aggregation, client payloads such as FedPSA's sketch, evaluation),
-and the payloads' part of it; padding waste (masked steps / steps run); compiles over the whole run
-(and inside the measured window); and the ideal: the same client updates' SGD steps run back to back
-as one bare jitted step each (full batches, no masks), from which `of ideal` = rate / ideal rate.
+Printed per row: client updates per second (compile time excluded); the ideal: the window's samples
+(epochs × each client's n) as bare jitted SGD steps of full batches B, no masks, back to back on every
+device that trains clients, all at once, and `of ideal` = rate / ideal rate; cores busy (process CPU
+time / wall time: 2.00 is both cores of this machine all the time); the share of wall time the host
+spends outside waiting for client results (host loop, aggregation, evaluation, and with `loop`, the
+time training overlaps with them), and the payloads' (e.g. FedPSA's sketch) part of the wall time;
+padding waste (masked steps / steps run); compiles over the whole run (and inside the window); the bare
+step's time per device; the final accuracy.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ sys.path.insert(0, ROOT)
 flags.DEFINE_float("days", 0.03, "virtual days per run")
 flags.DEFINE_float("warmup_days", 0.005, "virtual days before the measurement starts")
 flags.DEFINE_list("models", ["mnist_cnn", "linear"], "models to run")
-flags.DEFINE_list("executions", ["loop", "loop@2", "vmap", "sharded@2"],
+flags.DEFINE_list("executions", ["loop", "loop@2", "loop@3", "vmap", "sharded@2"],
                   "execution backends; `name@D` runs with D forced host devices")
 flags.DEFINE_string("method", "fedpsa", "the method of the runs")
 flags.DEFINE_string("child", "", "internal: run one (model, execution) and print JSON")
@@ -41,7 +45,6 @@ FLAGS = flags.FLAGS
 
 def measure(model: str, execution: str) -> dict:
   import jax
-  import jax.numpy as jnp
   import optax
 
   from configs.default import get_config
@@ -58,40 +61,44 @@ def measure(model: str, execution: str) -> dict:
   stats = sim.executor.stats
 
   def snapshot():
-    return (time.perf_counter(), stats.jobs, stats.steps_needed, sim.executor.train_seconds, stats.payload_seconds,
-            stats.compile_seconds, sim.compiles.seconds, sim.compiles.count)
+    return (time.perf_counter(), time.process_time(), stats.jobs, stats.samples_needed, sim.executor.train_seconds,
+            stats.payload_seconds, stats.compile_seconds, sim.compiles.seconds, sim.compiles.count)
 
   before = snapshot()
   summary = sim.finish()
-  wall, updates, steps, train, payload, executor_compile, compile_seconds, compiles = (
+  wall, cpu, updates, samples, train, payload, executor_compile, compile_seconds, compiles = (
       b - a for a, b in zip(before, snapshot()))
+  cores_busy = cpu / wall  # (compiles included on both sides)
   wall -= compile_seconds
   train -= payload + executor_compile
 
-  # The ideal: one bare jitted SGD step (full batch B, plain mean loss), `steps` times back to back.
+  # The ideal: the window's samples as bare jitted SGD steps (full batches of B, plain mean loss, no
+  # masks), back to back on each device that trains clients, all devices at once.
   b = config.local.batch_size
-  x, y = sim.fed.x_train[:b], sim.fed.y_train[:b]
   apply = sim.model.apply
 
   @jax.jit
-  def step(params):
+  def step(params, x, y):
     grads = jax.grad(lambda p: optax.softmax_cross_entropy_with_integer_labels(apply(p, x), y).mean())(params)
     return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads)
 
-  params = jax.block_until_ready(step(sim.strategy.eval_params(sim.state)))
-  reps = min(steps, 50)
+  ex = sim.executor
+  devices = list(ex.mesh.devices.flat) if ex.mesh is not None else ex.devices
+  chains = [jax.device_put((sim.strategy.eval_params(sim.state), sim.fed.x_train[:b], sim.fed.y_train[:b]), d)
+            for d in devices]
+  params = jax.block_until_ready([step(*chain) for chain in chains])
+  reps = 20
   start = time.perf_counter()
   for _ in range(reps):
-    params = step(params)
+    params = [step(p, x, y) for p, (_, x, y) in zip(params, chains)]
   jax.block_until_ready(params)
-  step_seconds = (time.perf_counter() - start) / reps
-  del jnp
+  step_seconds = (time.perf_counter() - start) / (reps * len(devices))  # per step, all devices at once
   return {"model": model, "execution": summary["execution"], "devices": jax.local_device_count(),
-          "updates": updates, "updates_per_s": updates / wall, "outside_training": 1 - train / wall,
-          "payload_share": payload / wall, "window_compiles": compiles,
-          "padding_waste": summary["padding_waste"], "compiles": summary["compiles"],
-          "step_ms": 1e3 * step_seconds, "steps": steps,
-          "ideal_updates_per_s": updates / (steps * step_seconds), "final_accuracy": summary["final_test_accuracy"]}
+          "train_devices": len(devices), "updates": updates, "updates_per_s": updates / wall,
+          "cores_busy": cores_busy, "outside_training": 1 - train / wall, "payload_share": payload / wall,
+          "window_compiles": compiles, "padding_waste": summary["padding_waste"], "compiles": summary["compiles"],
+          "step_ms": 1e3 * step_seconds, "ideal_updates_per_s": updates / (samples / b * step_seconds),
+          "final_accuracy": summary["final_test_accuracy"]}
 
 
 def run_child(model: str, execution: str) -> dict:
@@ -112,17 +119,17 @@ def main(argv):
   if FLAGS.child:
     print(json.dumps(measure(*FLAGS.child.split(":"))))
     return
-  header = (f"{'model':10s} {'execution':9s} {'dev':>3s} {'upd/s':>6s} {'ideal/s':>7s} {'of ideal':>8s} "
-            f"{'outside train':>13s} {'(payload)':>9s} {'padding':>7s} {'compiles':>12s} {'step ms':>7s} "
+  header = (f"{'model':10s} {'execution':9s} {'dev':>3s} {'train':>5s} {'upd/s':>6s} {'ideal/s':>7s} {'of ideal':>8s} "
+            f"{'cores busy':>10s} {'outside train':>13s} {'(payload)':>9s} {'padding':>7s} {'compiles':>12s} {'step ms':>7s} "
             f"{'final acc':>9s}")
   print(f"{FLAGS.method}, {FLAGS.days} virtual days (measured after {FLAGS.warmup_days})")
   print(header)
   for model in FLAGS.models:
     for execution in FLAGS.executions:
       r = run_child(model, execution)  # a fresh process each: no jit cache shared between rows
-      print(f"{r['model']:10s} {r['execution']:9s} {r['devices']:3d} {r['updates_per_s']:6.2f} "
+      print(f"{r['model']:10s} {r['execution']:9s} {r['devices']:3d} {r['train_devices']:5d} {r['updates_per_s']:6.2f} "
             f"{r['ideal_updates_per_s']:7.2f} {r['updates_per_s'] / r['ideal_updates_per_s']:8.0%} "
-            f"{r['outside_training']:13.1%} {r['payload_share']:9.1%} {r['padding_waste']:7.1%} "
+            f"{r['cores_busy']:10.2f} {r['outside_training']:13.1%} {r['payload_share']:9.1%} {r['padding_waste']:7.1%} "
             f"{r['compiles']:5d} ({r['window_compiles']:3d} in) {r['step_ms']:7.1f} "
             f"{r['final_accuracy']:9.4f}", flush=True)
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedpsa_jax import io
+from fedpsa_jax import io, models
 from fedpsa_jax.models import max_pool_2x2
 from fedpsa_jax.sim import executor as executor_lib
 from fedpsa_jax.sim import runner
@@ -163,3 +163,112 @@ def test_max_pool_2x2_equals_flax_max_pool():
   np.testing.assert_allclose(grad, reference, rtol=1e-6)  # no ties in continuous data
   odd = jax.random.normal(jax.random.key(1), (1, 5, 5, 2))
   np.testing.assert_array_equal(max_pool_2x2(odd), nn.max_pool(odd, (2, 2), strides=(2, 2)))
+
+
+def test_max_pool_2x2_gradient_goes_to_the_first_maximum_of_a_tie():
+  """Ties (common: background windows hold equal values) route the whole gradient to the first maximum,
+  as flax's nn.max_pool (select-and-scatter) and PyTorch's max_pool2d do; a split would also pass the
+  previous test."""
+  x = jnp.round(jax.random.normal(jax.random.key(2), (4, 8, 8, 3)))  # integers: many ties per window
+  g = jax.random.normal(jax.random.key(3), (4, 4, 4, 3))
+  grad = jax.vjp(max_pool_2x2, x)[1](g)[0]
+  reference = jax.vjp(lambda x: nn.max_pool(x, (2, 2), strides=(2, 2)), x)[1](g)[0]
+  np.testing.assert_array_equal(grad, reference)
+  windows = x.reshape(4, 4, 2, 4, 2, 3)
+  assert int(jnp.sum(jnp.sum(windows == windows.max(axis=(2, 4), keepdims=True), axis=(2, 4)) > 1)) > 20
+  # forward mode (the rule is a custom JVP) gives the same directional derivative as reverse mode
+  t = jax.random.normal(jax.random.key(4), x.shape)
+  _, y_dot = jax.jvp(max_pool_2x2, (x,), (t,))
+  np.testing.assert_allclose(jnp.vdot(y_dot, g), jnp.vdot(t, grad), rtol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [5, 19, 64])
+def test_batch_chunked_conv_equals_the_plain_convolution(batch):
+  """Values, input and kernel gradients, forward mode and vmap equal lax.conv_general_dilated's (19: a last
+  chunk of 3 images; 5: a single chunk)."""
+  dn = ("NHWC", "HWIO", "NHWC")
+  plain = lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn)
+  chunked = lambda x, w: models.batch_chunked_conv(x, w, (1, 1), "SAME", dimension_numbers=dn)
+  kx, kw, kg, kt = jax.random.split(jax.random.key(batch), 4)
+  x, w = jax.random.normal(kx, (batch, 10, 10, 3)), jax.random.normal(kw, (5, 5, 3, 4))
+  g = jax.random.normal(kg, (batch, 10, 10, 4))
+  np.testing.assert_allclose(jax.jit(chunked)(x, w), plain(x, w), rtol=1e-5, atol=1e-5)
+  grads = jax.jit(lambda x, w, g: jax.vjp(chunked, x, w)[1](g))(x, w, g)
+  for a, b in zip(grads, jax.vjp(plain, x, w)[1](g)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+  tangents = (jax.random.normal(kt, x.shape), jnp.ones_like(w))
+  np.testing.assert_allclose(jax.jvp(chunked, (x, w), tangents)[1], jax.jvp(plain, (x, w), tangents)[1],
+                             rtol=1e-4, atol=1e-4)
+  stacked = jnp.stack([w, 2 * w])
+  np.testing.assert_allclose(jax.vmap(chunked, in_axes=(None, 0))(x, stacked),
+                             jax.vmap(plain, in_axes=(None, 0))(x, stacked), rtol=1e-5, atol=1e-5)
+
+
+def test_batch_chunked_conv_computes_the_kernel_gradient_per_chunk_on_cpu():
+  """The CPU program of the kernel gradient holds one convolution per chunk of 8 images (the speed-up)
+  where the plain convolution's holds one; the forward alone stays one convolution."""
+  dn = ("NHWC", "HWIO", "NHWC")
+  conv = lambda x, w: models.batch_chunked_conv(x, w, (1, 1), "SAME", dimension_numbers=dn)
+  x, w = jnp.ones((64, 14, 14, 32)), jnp.ones((5, 5, 32, 64))
+  count = lambda f: f.lower(x, w).as_text().count("stablehlo.convolution")
+  assert count(jax.jit(conv)) == 1
+  kernel_grad = lambda conv: jax.jit(jax.grad(lambda x, w: jnp.sum(conv(x, w)), argnums=1))
+  plain = lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn)
+  assert count(kernel_grad(plain)) == 1
+  assert count(kernel_grad(conv)) == 64 // models.CPU_CONV_CHUNK
+
+
+def test_loop_issues_each_job_when_it_is_dispatched():
+  """loop: training is issued at submit (the host does not wait for it), so jobs run while the host
+  goes on; the result is the job's alone."""
+  sim = runner.Simulation(small_config("fedbuff", partition__method="dirichlet", partition__alpha=0.1,
+                                       local__batch_size=32))
+  jobs = _jobs(sim, 3)
+  ex = executor_lib.ClientExecutor(sim.executor.trainer, sim.fed, sim.strategy, sim.executor.clients_key, "loop")
+  for job in jobs:
+    ex.submit(job)
+  assert set(ex.issued) == {0, 1, 2} and ex.stats.jobs == 3 and not ex.pending
+  assert ex.device_work[ex.devices[0]] == sum(ex.work_of(j) for j in jobs)
+  alone, _ = _results(sim, "loop", jobs[1:2])
+  for a, b in zip(jax.tree.leaves(ex.result(1)), jax.tree.leaves(alone[1])):
+    np.testing.assert_array_equal(a, b)
+
+
+THREE_DEVICES_SCRIPT = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import jax, numpy as np
+from test_execution import _checksums, _jobs
+from fedpsa_jax.sim import executor as executor_lib, runner
+from helpers import small_config
+sim = runner.Simulation(small_config("fedpsa", partition__method="dirichlet", partition__alpha=0.1,
+                                     local__batch_size=32))
+jobs = _jobs(sim, 6)
+ex = executor_lib.ClientExecutor(sim.executor.trainer, sim.fed, sim.strategy, sim.executor.clients_key, "loop")
+for job in jobs:
+  ex.submit(job)
+trained_on = {{j: sorted(d.id for d in jax.tree.leaves(end)[0].devices()) for j, (_, end) in ex.issued.items()}}
+results = {{j.dispatch.job_id: ex.result(j.dispatch.job_id) for j in jobs}}
+print(json.dumps({{"home": ex.home.id, "devices": [d.id for d in ex.devices], "trained_on": trained_on,
+                  "work": [ex.device_work[d] for d in ex.devices], "max_job": max(ex.work_of(j) for j in jobs),
+                  "result_devices": sorted({{d.id for r in results.values() for x in jax.tree.leaves(r)
+                                             for d in x.devices()}}), "loop": _checksums(results)}}))
+"""
+
+
+def test_three_host_devices_keep_the_server_device_free_and_give_the_results_of_one():
+  """Three forced host devices: loop trains on the two that are not the server's, balanced by work, and
+  the results (brought back to the server's device) equal one device's."""
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=3", "JAX_PLATFORMS": "cpu"}
+  out = subprocess.run([sys.executable, "-c", THREE_DEVICES_SCRIPT.format(tests=os.path.join(ROOT, "tests"))],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  report = json.loads(out.stdout.strip().splitlines()[-1])
+  assert report["home"] == 0 and report["devices"] == [1, 2]
+  assert {d for ids in report["trained_on"].values() for d in ids} == {1, 2}
+  assert abs(report["work"][0] - report["work"][1]) <= report["max_job"]  # greedy by work: within one job
+  assert report["result_devices"] == [0]
+  sim = runner.Simulation(small_config("fedpsa", partition__method="dirichlet", partition__alpha=0.1,
+                                       local__batch_size=32))
+  one_device, _ = _results(sim, "loop", _jobs(sim, 6))
+  np.testing.assert_allclose(report["loop"], _checksums(one_device), rtol=1e-6)

@@ -1,18 +1,22 @@
-"""Client execution (DESIGN §5): lazily, all pending jobs at once, by the backend that is fastest here.
+"""Client execution (DESIGN §5): every job computed once, by the backend that is fastest here.
 
-A dispatched job is only recorded; when the host needs a result that is not computed yet, every
-pending job is computed in one go. A job's result depends only on (parameters at dispatch, client
-data, lr, key = fold_in(clients_key, job_id)), so when and beside which other jobs it is computed
-never changes it (beyond float reassociation inside a vmapped batch).
+A job's result depends only on (parameters at dispatch, client data, lr, key = fold_in(clients_key,
+job_id)), so when, where and beside which other jobs it is computed never changes it (beyond float
+reassociation inside a vmapped batch).
 
 Backends (`local.execution`):
-- `loop`: one jitted client update per job (unrolled chunks on CPU), no padding; with several local
-  devices the jobs go round-robin over them and run at the same time (JAX dispatches asynchronously).
-  On a CPU, `--xla_force_host_platform_device_count=2` gives two host devices, one client on each.
-- `vmap`: pending jobs are bucketed by step count (rounded up to a power of two), each bucket split
-  into batches of power-of-two sizes (binary decomposition: no padding jobs, at most log2(C) + 1
-  batch shapes), and each batch runs as one vmapped call of `max steps in the batch` steps; steps past
-  a client's own count are masked no-ops.
+- `loop`: one jitted client update per job, issued the moment the job is dispatched (JAX dispatches
+  asynchronously: the job trains while the host goes on), and waited for only when the host needs its
+  result. Each job goes to the client device with the least work given so far (samples × epochs,
+  deterministic). On a CPU, `--xla_force_host_platform_device_count=D` gives D host devices; XLA:CPU
+  runs each convolution on one core, so two client devices keep both cores of this machine busy. With
+  three or more devices the server's device (where the data and the server state live) trains no
+  clients: a device runs its work in order, so a server step would otherwise wait behind training.
+- `vmap`: lazy. Dispatched jobs are only recorded; when a result is needed, the pending jobs are
+  bucketed by step count (rounded up to a power of two), each bucket split into batches of
+  power-of-two sizes (binary decomposition: no padding jobs, at most log2(C) + 1 batch shapes), and
+  each batch runs as one vmapped call of `max steps in the batch` steps; steps past a client's own
+  count are masked no-ops.
 - `sharded`: as `vmap`, with the client axis of each batch split over every local device with
   `shard_map` (batches padded with inert 0-sample jobs to a multiple of the device count).
 - `auto`: what `benchmarks/throughput.py` measured fastest for the platform (see `resolve_execution`).
@@ -22,6 +26,7 @@ Padding waste (masked steps / steps run) and the number of batches are kept in `
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -57,6 +62,16 @@ def resolve_execution(execution: str, platform: str | None = None, device_count:
   return "sharded" if device_count > 1 else "vmap"
 
 
+def client_devices(execution: str, home: jax.Device) -> list[jax.Device]:
+  """Where client training runs: `loop` uses every local device, but leaves the server's device (`home`)
+  to the server when there are three or more (a device runs its work in order: a server step queued
+  behind a client's training would hold up the next dispatch). vmap/sharded batches start on `home`."""
+  if execution != "loop":
+    return [home]
+  devices = jax.local_devices()
+  return [d for d in devices if d != home] if len(devices) >= 3 else devices
+
+
 @dataclasses.dataclass(frozen=True)
 class Job:
   """A dispatched client update, waiting to be computed or received."""
@@ -72,11 +87,12 @@ class Job:
 class ExecutionStats:
   """What the executor did: batches, jobs and SGD steps (needed vs run, the difference is padding)."""
 
-  calls: int = 0  # times pending jobs were computed
+  calls: int = 0  # times the host waited for results (loop: one per job; vmap/sharded: per batched call)
   batches: int = 0  # batched calls (loop: one per job)
   jobs: int = 0
   steps_needed: int = 0  # Σ each job's own step count
   steps_run: int = 0  # Σ batch size × steps of each batched call (padding jobs and masked steps included)
+  samples_needed: int = 0  # Σ epochs × each job's sample count: the rows of real data the SGD steps use
   payload_seconds: float = 0.0  # of the executor's time, computing client payloads (e.g. FedPSA's sketch)
   compile_seconds: float = 0.0  # of the executor's time, compiling (when given a CompileCounter)
 
@@ -122,9 +138,10 @@ class ClientExecutor:
     self.mesh = None
     self.x_all, self.y_all = fed.x_train, fed.y_train
     self.home = next(iter(fed.x_train.devices()))  # where the data and the server state live
-    # loop: jobs go round-robin to every local device (on a CPU, forced host devices run one client
-    # each at the same time); each device holds its own copy of the data, made once here.
-    self.devices = jax.local_devices() if execution == "loop" else [self.home]
+    # loop: each client device holds its own copy of the data, made once here.
+    self.devices = client_devices(execution, self.home)
+    self.issued: dict[int, tuple[Job, Params]] = {}  # loop: job id -> (job, its trained parameters, in flight)
+    self.device_work = dict.fromkeys(self.devices, 0)  # loop: samples × epochs given to each device so far
     self.device_data = {d: ((fed.x_train, fed.y_train, fed.client_indices) if d == self.home else
                             jax.device_put((fed.x_train, fed.y_train, fed.client_indices), d)) for d in self.devices}
     if execution == "sharded":
@@ -135,13 +152,45 @@ class ClientExecutor:
       self.split = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec("clients"))
 
   def submit(self, job: Job) -> None:
-    self.pending[job.dispatch.job_id] = job
+    """loop: issues the job's training now, on the client device with the least work so far (the host
+    does not wait for it); vmap/sharded: records it for the next batched call."""
+    if self.execution != "loop":
+      self.pending[job.dispatch.job_id] = job
+      return
+    with self._timed():
+      device = min(self.devices, key=lambda d: self.device_work[d])  # (ties: the first device)
+      self.device_work[device] += self.work_of(job)
+      self.issued[job.dispatch.job_id] = (job, self._loop_one(job, device))
 
   def result(self, job_id: int) -> tuple[Params, Any]:
-    """(Δ, payload) of a job, computing every pending job first if this one is not done yet."""
-    if job_id not in self.results:
-      self._compute_pending()
+    """(Δ, payload) of a job: loop waits for its training; vmap/sharded compute every pending job first
+    if this one is not done yet."""
+    if self.execution == "loop":
+      with self._timed():
+        job, end = self.issued.pop(job_id)
+        self.stats.calls += 1
+        self._finish([job], [jax.device_put(end, self.home)])
+    elif job_id not in self.results:
+      with self._timed():
+        self._compute_pending()
     return self.results.pop(job_id)
+
+  def work_of(self, job: Job) -> int:
+    """The samples a job's unrolled schedule runs (partial batches at their own size), all epochs."""
+    full, rest, _ = self.trainer.epoch_plan(int(self.fed.client_sizes[job.dispatch.client]))
+    return self.trainer.epochs * (full * self.trainer.batch_size + rest)
+
+  @contextlib.contextmanager
+  def _timed(self):
+    """Counts the host's time in here as client compute (train_seconds), and the compiles in it."""
+    start = time.perf_counter()
+    compile_start = self.compiles.seconds if self.compiles else 0.0
+    try:
+      yield
+    finally:
+      self.train_seconds += time.perf_counter() - start
+      if self.compiles:
+        self.stats.compile_seconds += self.compiles.seconds - compile_start
 
   def steps_of(self, job: Job) -> int:
     return local.num_local_steps(int(self.fed.client_sizes[job.dispatch.client]), self.trainer.batch_size,
@@ -154,24 +203,11 @@ class ClientExecutor:
                                 num_samples=int(self.fed.client_sizes[client]), aux=job.aux)
 
   def _compute_pending(self) -> None:
-    start = time.perf_counter()
-    compile_start = self.compiles.seconds if self.compiles else 0.0
     jobs = [job for _, job in sorted(self.pending.items())]
     self.stats.calls += 1
-    if self.execution == "loop":
-      # Every job's training is issued first (JAX dispatches asynchronously, so jobs placed on different
-      # devices run at once), then each result is brought home and its payload computed. All training
-      # is waited for first: a device runs its work in order, so a payload issued earlier would wait
-      # behind every later job's training and its measured time would include theirs.
-      ends = [self._loop_one(job, self.devices[i % len(self.devices)]) for i, job in enumerate(jobs)]
-      self._finish(jobs, [jax.device_put(end, self.home) for end in ends] if len(self.devices) > 1 else ends)
-    else:
-      self._batched(jobs)
+    self._batched(jobs)
     jax.block_until_ready(list(self.results.values()))
     self.pending.clear()
-    self.train_seconds += time.perf_counter() - start
-    if self.compiles:
-      self.stats.compile_seconds += self.compiles.seconds - compile_start
 
   def _finish(self, jobs: Sequence[Job], ends: Sequence[Params]) -> None:
     """Every job's payload and Δ from its trained parameters: the payloads are issued together once all
@@ -198,6 +234,7 @@ class ClientExecutor:
     self.stats.batches += 1
     self.stats.jobs += 1
     self.stats.steps_needed += steps
+    self.stats.samples_needed += self.trainer.epochs * int(self.fed.client_sizes[client])
     self.stats.steps_run += steps
     return params_end
 
@@ -215,6 +252,8 @@ class ClientExecutor:
         batch, bucket = bucket[:size], bucket[size:]
         self._run_batch(batch, size, max(steps[j.dispatch.job_id] for j in batch))
         self.stats.steps_needed += sum(steps[j.dispatch.job_id] for j in batch)
+        self.stats.samples_needed += sum(self.trainer.epochs * int(self.fed.client_sizes[j.dispatch.client])
+                                         for j in batch)
 
   def _run_batch(self, batch: list[Job], size: int, total_steps: int) -> None:
     real = len(batch)
