@@ -77,9 +77,10 @@ def base_config() -> ml_collections.ConfigDict:
   # unrolled loop: steps per compiled call (whole epochs per call, at least one; the t-indexed chunks of
   # vmap/sharded: at most this many steps)
   c.local.max_unroll = 16
-  # How pending client updates run (fedpsa_jax/sim/executor.py): loop (one after another), vmap (buckets
-  # of similar step counts in one vmapped call), sharded (vmap split over all local devices), auto
-  # (the fastest measured for the platform: loop on CPU, vmap/sharded on GPU).
+  # How client updates run (fedpsa_jax/sim/executor.py): loop (one jitted update per job, issued when it
+  # is dispatched, on the client device with the least work), vmap (pending jobs, buckets of similar step
+  # counts in one vmapped call), sharded (vmap split over all local devices), auto (the fastest measured
+  # for the platform: loop on CPU, vmap/sharded on GPU).
   c.local.execution = "auto"
 
   c.sim = ml_collections.ConfigDict()

@@ -247,7 +247,7 @@ jobs = _jobs(sim, 6)
 ex = executor_lib.ClientExecutor(sim.executor.trainer, sim.fed, sim.strategy, sim.executor.clients_key, "loop")
 for job in jobs:
   ex.submit(job)
-trained_on = {{j: sorted(d.id for d in jax.tree.leaves(end)[0].devices()) for j, (_, end) in ex.issued.items()}}
+trained_on = {{j: sorted(d.id for d in jax.tree.leaves(end)[0].devices()) for j, (_, end, _) in ex.issued.items()}}
 results = {{j.dispatch.job_id: ex.result(j.dispatch.job_id) for j in jobs}}
 print(json.dumps({{"home": ex.home.id, "devices": [d.id for d in ex.devices], "trained_on": trained_on,
                   "work": [ex.device_work[d] for d in ex.devices], "max_job": max(ex.work_of(j) for j in jobs),

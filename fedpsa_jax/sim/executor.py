@@ -140,7 +140,7 @@ class ClientExecutor:
     self.home = next(iter(fed.x_train.devices()))  # where the data and the server state live
     # loop: each client device holds its own copy of the data, made once here.
     self.devices = client_devices(execution, self.home)
-    self.issued: dict[int, tuple[Job, Params]] = {}  # loop: job id -> (job, its trained parameters, in flight)
+    self.issued: dict[int, tuple[Job, Params, jax.Device]] = {}  # loop: job id -> (job, trained params, device)
     self.device_work = dict.fromkeys(self.devices, 0)  # loop: samples × epochs given to each device so far
     self.device_data = {d: ((fed.x_train, fed.y_train, fed.client_indices) if d == self.home else
                             jax.device_put((fed.x_train, fed.y_train, fed.client_indices), d)) for d in self.devices}
@@ -160,20 +160,28 @@ class ClientExecutor:
     with self._timed():
       device = min(self.devices, key=lambda d: self.device_work[d])  # (ties: the first device)
       self.device_work[device] += self.work_of(job)
-      self.issued[job.dispatch.job_id] = (job, self._loop_one(job, device))
+      self.issued[job.dispatch.job_id] = (job, self._loop_one(job, device), device)
 
   def result(self, job_id: int) -> tuple[Params, Any]:
     """(Δ, payload) of a job: loop waits for its training; vmap/sharded compute every pending job first
     if this one is not done yet."""
     if self.execution == "loop":
       with self._timed():
-        job, end = self.issued.pop(job_id)
+        job, end, _ = self.issued.pop(job_id)
         self.stats.calls += 1
         self._finish([job], [jax.device_put(end, self.home)])
     elif job_id not in self.results:
       with self._timed():
         self._compute_pending()
     return self.results.pop(job_id)
+
+  def wait_for_home(self) -> None:
+    """Waits for the training issued on the server's device, if it trains clients too (loop on one or two
+    devices), counted as client compute. A device runs its work in order, so a server step issued now
+    would wait for that training anyway, and its measured time would be the clients'."""
+    if self.home in self.device_work:
+      with self._timed():
+        jax.block_until_ready([end for _, end, device in self.issued.values() if device == self.home])
 
   def work_of(self, job: Job) -> int:
     """The samples a job's unrolled schedule runs (partial batches at their own size), all epochs."""

@@ -219,6 +219,7 @@ class Simulation:
           client=client, num_samples=int(self.fed.client_sizes[client]),
           staleness=self.round - job.dispatch_round, dispatch_round=job.dispatch_round,
           params_start=job.params_start, delta=delta, payload=payload, arrival_time=t))
+    self.executor.wait_for_home()  # (so that the server step's time below is its own)
     start = time.perf_counter()
     self.state, changed = self.strategy.receive(self.state, arrivals)
     # The server step's own time (summary: server_compute_seconds, paper Fig. 5) needs this wait; it costs
