@@ -169,6 +169,7 @@ class ClientExecutor:
       with self._timed():
         job, end, _ = self.issued.pop(job_id)
         self.stats.calls += 1
+        self.wait_for_home()  # the payload below runs there: its time must not include queued training
         self._finish([job], [jax.device_put(end, self.home)])
     elif job_id not in self.results:
       with self._timed():
