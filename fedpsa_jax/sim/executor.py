@@ -219,8 +219,8 @@ class ClientExecutor:
     self.pending.clear()
 
   def _finish(self, jobs: Sequence[Job], ends: Sequence[Params]) -> None:
-    """Every job's payload and Δ from its trained parameters: the payloads are issued together once all
-    training is done, so that their time (one wait for all) is told apart from training's."""
+    """Every job's payload and Δ from its trained parameters (loop: one job; vmap/sharded: a batch): the
+    payloads are issued together once the training is done, so that their time is told apart from it."""
     jax.block_until_ready(ends)
     start = time.perf_counter()
     payloads = [self.strategy.client_payload(job.params_start, end, self._client_job(job))
