@@ -6,14 +6,18 @@ mean over its real samples (padding positions are masked out, not dropped). The 
 traced argument, so decaying it never recompiles.
 
 How the steps are looped is a per-backend choice, measured on this 2-core CPU (MNIST CNN, B = 64):
-one step inside a rolled `fori_loop` took ~2 s against ~75 ms fully unrolled (XLA:CPU runs convs in
-a while-loop body on a slow path; jax issue 12868), and a Python loop over a jitted step ~90 ms.
+one step inside a rolled `fori_loop` took ~2 s against ~50 ms outside one (XLA:CPU runs convs in a
+while-loop body on a slow path; jax issue 12868). Outside a loop, a host loop over one-step calls runs
+as fast as steps unrolled into one program (49 ms per step either way; the linear model 0.08 ms against
+0.1-0.17), while compiling grows with every unrolled step (CNN: 1.8 s for one step, 11 s for 16):
+`benchmarks/unroll.py`.
 
-- `unrolled` (`train`, one client): each jitted call runs whole epochs unrolled, as many as fit in
-  `max_unroll` steps; an epoch is `n // B` full batches and then the partial batch at its own size,
-  the next power of two >= n mod B (at least 8), masked past n. Compiled shapes: one per (full batches,
-  partial size, epochs per call) met. Running the partial batch at B instead cost ~30% more step work
-  on the default job (n ~ 90, B = 64).
+- `unrolled` (`train`, one client): a host loop over compiled calls of at most `max_unroll` steps
+  (default 1: one call per SGD step). An epoch is `n // B` full batches, in chunks of `max_unroll` and
+  then powers of two, and then the partial batch at its own size, the next power of two >= n mod B (at
+  least 8), masked past n. Compiled programs: one per (steps per call, rows per batch), so with
+  max_unroll = 1 at most one per batch size (B, 8, 16, 32, ...) whatever the clients' sizes. Running
+  the partial batch at B instead cost ~30% more step work on the default job (n ~ 80, B = 64).
 - `rolled`: one `fori_loop` over t-indexed steps (the natural choice on GPU, no recompilation).
 - Batched execution of many clients (`train_batch`, vmapped) uses t-indexed full-size steps: every step
   knows its global index t, so a client with fewer steps than the batch's longest simply masks the
@@ -105,34 +109,34 @@ class LocalTrainer:
     # `where`, not lr = 0: a masked step must leave the parameters untouched even if its gradient is inf.
     return jax.tree.map(lambda p, g: jnp.where(active, p - lr.astype(p.dtype) * g, p), params, grads)
 
-  def run_epochs(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, epoch0, count, full, rest,
-                 aux=()):
-    """`count` whole epochs from `epoch0`, unrolled: `full` batches of B rows, then one of `rest` rows
-    (the partial batch, masked past n) when rest > 0. `count`, `full` and `rest` are static."""
-    b = self.batch_size
-    for e in range(count):
-      order = orders[epoch0 + e]
-      for s in range(full):
-        params = self.batch_step(params, anchor, x_all, y_all, index_row, order, s * b + jnp.arange(b), num_samples,
-                                 lr, aux=aux)
-      if rest:
-        params = self.batch_step(params, anchor, x_all, y_all, index_row, order, full * b + jnp.arange(rest),
-                                 num_samples, lr, aux=aux)
+  def run_batches(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, epoch, start, count, rows,
+                  aux=()):
+    """`count` consecutive batches of `rows` positions each of epoch `epoch`'s shuffled order, from
+    position `start` (positions >= n are masked out), unrolled. `count` and `rows` are static; `epoch`
+    and `start` are traced, so every call of the same shape shares one compiled program."""
+    order = orders[epoch]
+    for s in range(count):
+      params = self.batch_step(params, anchor, x_all, y_all, index_row, order, start + s * rows + jnp.arange(rows),
+                               num_samples, lr, aux=aux)
     return params
 
-  def epoch_plan(self, num_samples: int) -> tuple[int, int, list[int]]:
-    """(full, rest, epochs per call) of the unrolled schedule of a client with `num_samples` samples.
+  def epoch_plan(self, num_samples: int) -> tuple[int, int]:
+    """(full, rest): an epoch of `num_samples` samples is `full` batches of B rows, then (when rest > 0)
+    the partial batch at `rest` rows, the next power of two >= n mod B (at least 8, at most B), masked
+    past n: on the default job (n ~ 80, B = 64) a partial batch padded to B was ~30% of all step work."""
+    full, remainder = divmod(int(num_samples), self.batch_size)
+    rest = min(self.batch_size, max(8, 1 << (remainder - 1).bit_length())) if remainder else 0
+    return full, rest
 
-    The partial batch runs at `rest` rows, the next power of two >= n mod B (at least 8, at most B),
-    not at B: on the default job (n ~ 90, B = 64) a padded partial batch was ~30% of all step work.
-    Each call holds as many whole epochs as fit in `max_unroll` steps (at least one).
-    """
-    b = self.batch_size
-    full, remainder = divmod(int(num_samples), b)
-    rest = min(b, max(8, 1 << (remainder - 1).bit_length())) if remainder else 0
-    per_call = max(1, self.max_unroll // max(full + (rest > 0), 1))
-    calls = [per_call] * (self.epochs // per_call) + ([self.epochs % per_call] if self.epochs % per_call else [])
-    return full, rest, calls
+  def epoch_calls(self, num_samples: int) -> list[tuple[int, int, int]]:
+    """The compiled calls of one epoch of the unrolled schedule as (start, count, rows): the full
+    batches in chunks (`chunk_sizes`), then the partial batch."""
+    full, rest = self.epoch_plan(num_samples)
+    calls, start = [], 0
+    for count in self.chunk_sizes(full):
+      calls.append((start, count, self.batch_size))
+      start += count * self.batch_size
+    return calls + ([(start, 1, rest)] if rest else [])
 
   def run_steps(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, t0, count, aux=()):
     """`count` consecutive steps from t0, unrolled (count static) or rolled (count traced)."""
@@ -170,14 +174,12 @@ class LocalTrainer:
     anchor = params
     if self.loop == "rolled":
       return _run_rolled(self, params, anchor, x_all, y_all, index_row, orders, n, lr, jnp.int32(total), aux)
-    full, rest, calls = self.epoch_plan(num_samples)
-    epoch0 = 0
-    for count in calls:
-      params = _run_epochs(self, params, anchor, x_all, y_all, index_row, orders, n, lr, jnp.int32(epoch0), count,
-                           full, rest, aux)
-      epoch0 += count
+    calls = self.epoch_calls(num_samples)
+    for epoch in range(self.epochs):
+      for start, count, rows in calls:  # Python ints: traced (start, epoch) or static (count, rows)
+        params = _run_batches(self, params, anchor, x_all, y_all, index_row, orders, n, lr, epoch, start, count,
+                              rows, aux)
     return params
-
 
   def train_batch(self, params: Params, x_all: jax.Array, y_all: jax.Array, index_rows: jax.Array,
                   num_samples: jax.Array, lr: jax.Array, keys: jax.Array, total_steps: int, aux: Any = (),
@@ -227,9 +229,9 @@ def _run_batch(trainer, mesh, params, anchor, x_all, y_all, index_rows, orders, 
   return jax.shard_map(clients, mesh=mesh, in_specs=specs, out_specs=split, check_vma=False)(*args)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 10, 11, 12))
-def _run_epochs(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr, epoch0, count, full, rest, aux=()):
-  return trainer.run_epochs(params, anchor, x_all, y_all, index_row, orders, n, lr, epoch0, count, full, rest, aux)
+@functools.partial(jax.jit, static_argnums=(0, 11, 12))
+def _run_batches(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr, epoch, start, count, rows, aux=()):
+  return trainer.run_batches(params, anchor, x_all, y_all, index_row, orders, n, lr, epoch, start, count, rows, aux)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))

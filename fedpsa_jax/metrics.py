@@ -87,6 +87,12 @@ def aulc(days: Sequence[float], accuracies: Sequence[float]) -> float:
   return float(np.sum((d[1:] - d[:-1]) * (a[1:] + a[:-1]) / 2.0))
 
 
+@jax.jit
+def _all_finite(tree: Params) -> jax.Array:
+  # One compiled program per model, not one eager isfinite and reduction per leaf shape.
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
 def tree_is_finite(tree: Params) -> bool:
   """True when every leaf is free of NaN and Inf (one host sync; used only at evaluation)."""
-  return bool(jax.device_get(jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))))
+  return bool(jax.device_get(_all_finite(tree)))

@@ -107,7 +107,7 @@ class Profiler:
     self.add("sgd_step", compiled_cost(one_step, *args), lambda: one_step_jit(*args),
              batch=trainer.batch_size)
     steps = local.num_local_steps(n, trainer.batch_size, trainer.epochs)
-    full, rest, calls = trainer.epoch_plan(n)
+    full, rest = trainer.epoch_plan(n)
     if rest:  # the partial batch of each epoch runs at `rest` rows (see LocalTrainer.epoch_plan)
       slot = full * trainer.batch_size + jnp.arange(rest)
 
@@ -121,9 +121,11 @@ class Profiler:
     if trainer.loop == "rolled":
       chunk_costs = [compiled_cost(functools.partial(trainer.run_steps, count=c), *args, jnp.int32(0))
                      for c in trainer.chunk_sizes(steps)]
-    else:
-      chunk_costs = [compiled_cost(functools.partial(trainer.run_epochs, count=c, full=full, rest=rest), *args,
-                                   jnp.int32(0)) for c in calls]
+    else:  # every epoch makes the same calls; each distinct (count, rows) program is compiled once here
+      shapes = {(count, rows) for _, count, rows in trainer.epoch_calls(n)}
+      program = {(count, rows): compiled_cost(functools.partial(trainer.run_batches, count=count, rows=rows), *args,
+                                              jnp.int32(0), jnp.int32(0)) for count, rows in shapes}
+      chunk_costs = [program[count, rows] for _ in range(trainer.epochs) for _, count, rows in trainer.epoch_calls(n)]
     self.add("client_update", _summed(chunk_costs),
              lambda: trainer.train(self.params, fed.x_train, fed.y_train, row, n, 0.01, key),
              steps=steps, samples=n, full_batches=trainer.epochs * full, partial_batches=trainer.epochs * (rest > 0),

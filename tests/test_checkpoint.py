@@ -189,12 +189,10 @@ def launch_config(method: str):
 
 
 @pytest.fixture(scope="module")
-def launch_env(tmp_path_factory):
-  """A shared persistent compilation cache, so that each launch.py process does not recompile (the
-  compiled code is the same either way)."""
-  cache = tmp_path_factory.mktemp("jax_cache")
-  return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", "JAX_PLATFORMS": "cpu"}
+def launch_env():
+  """The environment of each launch.py process: CPU, and the session's compilation cache (conftest.py),
+  so that each process does not recompile (the compiled code is the same either way)."""
+  return {**os.environ, "JAX_PLATFORMS": "cpu"}
 
 
 def launch(workdir, method: str, env: dict, kill_when=None) -> int:

@@ -47,10 +47,10 @@ def assert_trees_close(a, b, tol=1e-5):
     np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("loop", ["unrolled", "rolled"])
-def test_masked_partial_batches_equal_unpadded_training(problem, loop):
+@pytest.mark.parametrize("loop, max_unroll", [("unrolled", 1), ("unrolled", 2), ("rolled", 4)])
+def test_masked_partial_batches_equal_unpadded_training(problem, loop, max_unroll):
   model, params, x, y, index_row = problem
-  trainer = local.LocalTrainer(model.apply, batch_size=32, epochs=2, loop=loop, max_unroll=4)
+  trainer = local.LocalTrainer(model.apply, batch_size=32, epochs=2, loop=loop, max_unroll=max_unroll)
   key = jax.random.key(5)
   got = trainer.train(params, x, y, index_row, 70, 0.1, key)  # 70 = 32 + 32 + 6: a partial batch
   want = reference_train(model, params, x, y, index_row, 70, 0.1, key, 32, 2)
@@ -98,10 +98,32 @@ def test_learning_rate_is_traced_no_recompilation(problem):
   model, params, x, y, index_row = problem
   trainer = local.LocalTrainer(model.apply, 32, 1, max_unroll=4)
   trainer.train(params, x, y, index_row, 64, 0.1, jax.random.key(0))
-  before = local._run_epochs._cache_size()
+  before = local._run_batches._cache_size()
   assert before > 0  # the unrolled path went through it
   trainer.train(params, x, y, index_row, 64, 0.05, jax.random.key(1))
-  assert local._run_epochs._cache_size() == before
+  assert local._run_batches._cache_size() == before
+
+
+@pytest.mark.parametrize("max_unroll", [1, 4])
+def test_epoch_calls_are_the_dataloader_batches_with_few_programs(max_unroll):
+  """For every client size n, an epoch's calls run exactly the DataLoader's batches (positions
+  [64 i, min(64 (i + 1), n)) of the shuffled order, the last one padded to a power of two >= 8), using
+  programs of a power-of-two count <= max_unroll of batches of B, 8, 16 or 32 rows: few, whatever n."""
+  b = 64
+  trainer = local.LocalTrainer(lambda p, x: x, batch_size=b, epochs=1, max_unroll=max_unroll)
+  programs = set()
+  for n in range(1, 400):
+    batches = []
+    for start, count, rows in trainer.epoch_calls(n):
+      programs.add((count, rows))
+      batches += [range(start + s * rows, start + (s + 1) * rows) for s in range(count)]
+    want = [range(i, min(i + b, n)) for i in range(0, n, b)]
+    assert [[p for p in batch if p < n] for batch in batches] == [list(w) for w in want], n
+    last = len(want[-1])
+    assert len(batches[-1]) == (b if last == b else max(8, 1 << (last - 1).bit_length())), n
+  assert {rows for _, rows in programs} == {b, 8, 16, 32}
+  counts = {count for count, _ in programs}
+  assert max(counts) == max_unroll and all(c & (c - 1) == 0 for c in counts)
 
 
 def test_num_local_steps():

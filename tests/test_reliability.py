@@ -24,6 +24,7 @@ import pytest
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import io
+from fedpsa_jax import metrics
 from fedpsa_jax.data import sources
 from fedpsa_jax.sim import runner
 from test_runner import small_config
@@ -265,3 +266,12 @@ def test_launch_rejects_bad_workdirs_cleanly(tmp_path):
   proc = run_launch("--resume", f"--workdir={tmp_path / 'empty'}")
   assert proc.returncode == 2 and "Traceback" not in proc.stderr
   assert "holds no run to resume" in proc.stderr
+
+
+def test_tree_is_finite_finds_one_bad_entry_in_any_leaf():
+  tree = {"a": jnp.ones((3, 4)), "b": {"c": jnp.zeros(5), "d": jnp.ones((2, 2, 2), jnp.bfloat16)}}
+  assert metrics.tree_is_finite(tree)
+  for path, bad in (("a", jnp.inf), ("c", jnp.nan), ("d", -jnp.inf)):
+    leaves = {"a": tree["a"], **tree["b"]}
+    leaves[path] = leaves[path].reshape(-1).at[1].set(bad).reshape(leaves[path].shape)
+    assert not metrics.tree_is_finite({"a": leaves["a"], "b": {"c": leaves["c"], "d": leaves["d"]}}), path

@@ -186,7 +186,7 @@ class ClientExecutor:
 
   def work_of(self, job: Job) -> int:
     """The samples a job's unrolled schedule runs (partial batches at their own size), all epochs."""
-    full, rest, _ = self.trainer.epoch_plan(int(self.fed.client_sizes[job.dispatch.client]))
+    full, rest = self.trainer.epoch_plan(int(self.fed.client_sizes[job.dispatch.client]))
     return self.trainer.epochs * (full * self.trainer.batch_size + rest)
 
   @contextlib.contextmanager

@@ -1,0 +1,40 @@
+"""One JAX persistent compilation cache for the whole test session.
+
+Most of the suite's time is XLA compiling the same programs again: every test builds a fresh Simulation,
+whose jitted closures are new Python objects with the same HLO, in each of the xdist workers and in
+every launch.py subprocess. The cache (keyed by HLO, backend, devices and JAX version) holds the compiled
+code itself, so results do not change; the compile counter still counts every hit, so the tests that
+count compiles see the same numbers. The directory is new for each session and removed after it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+_OWNED = "FEDPSA_TEST_OWNS_JAX_CACHE"  # set on the process that made the directory, which removes it
+
+
+def pytest_configure(config: pytest.Config) -> None:
+  # xdist workers inherit the controller's environment, so only the first process makes the directory;
+  # subprocesses (launch.py) inherit it too. A cache set by the user is left as it is.
+  if _CACHE_ENV in os.environ:
+    return
+  path = tempfile.mkdtemp(prefix="fedpsa-jax-cache-")
+  os.environ.update({_CACHE_ENV: path, _OWNED: str(os.getpid()),
+                     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # the many small compiles count too
+                     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
+  import jax  # in case JAX was imported before this hook: its config reads the environment only once
+
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+  if os.environ.get(_OWNED) == str(os.getpid()):
+    shutil.rmtree(os.environ[_CACHE_ENV], ignore_errors=True)
