@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import jax
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # recorded by JAX once per backend compile
@@ -11,18 +13,21 @@ class CompileCounter:
   """Counts the XLA compilations that happen while it is open (any thread of this process).
 
   `with CompileCounter() as c: ...; c.count`, or `open()`/`close()` around a longer span.
+  `by_function` counts them per jitted function name (e.g. 'jit(_run_batches)'): a name counted more
+  often than it has shapes and devices is compiling the same program again.
   """
 
   def __init__(self):
     self.count = 0
     self.seconds = 0.0
+    self.by_function: collections.Counter[str] = collections.Counter()
     self._open = False
 
   def _listener(self, event: str, duration: float, **kwargs) -> None:
-    del kwargs
     if event == _COMPILE_EVENT:
       self.count += 1
       self.seconds += duration
+      self.by_function[str(kwargs.get("fun_name", "?"))] += 1
 
   def open(self) -> "CompileCounter":
     if not self._open:

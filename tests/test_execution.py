@@ -253,6 +253,9 @@ print(json.dumps({{"home": ex.home.id, "devices": [d.id for d in ex.devices], "t
                   "work": [ex.device_work[d] for d in ex.devices], "max_job": max(ex.work_of(j) for j in jobs),
                   "result_devices": sorted({{d.id for r in results.values() for x in jax.tree.leaves(r)
                                              for d in x.devices()}}), "loop": _checksums(results)}}))
+sim.run_until(0.02)
+programs = {{shape[1:] for n in sim.fed.client_sizes for shape in sim.executor.trainer.epoch_calls(int(n))}}
+print(json.dumps({{"compiles": dict(sim.compiles.by_function), "programs": len(programs)}}))
 """
 
 
@@ -263,7 +266,7 @@ def test_three_host_devices_keep_the_server_device_free_and_give_the_results_of_
   out = subprocess.run([sys.executable, "-c", THREE_DEVICES_SCRIPT.format(tests=os.path.join(ROOT, "tests"))],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
-  report = json.loads(out.stdout.strip().splitlines()[-1])
+  report, compiles = (json.loads(line) for line in out.stdout.strip().splitlines()[-2:])
   assert report["home"] == 0 and report["devices"] == [1, 2]
   assert {d for ids in report["trained_on"].values() for d in ids} == {1, 2}
   assert abs(report["work"][0] - report["work"][1]) <= report["max_job"]  # greedy by work: within one job
@@ -272,3 +275,9 @@ def test_three_host_devices_keep_the_server_device_free_and_give_the_results_of_
                                        local__batch_size=32))
   one_device, _ = _results(sim, "loop", _jobs(sim, 6))
   np.testing.assert_allclose(report["loop"], _checksums(one_device), rtol=1e-6)
+  # The run compiled each server function once (its first state is committed to the server's device like
+  # every later one) and each local training program at most once per client device.
+  counts = compiles["compiles"]
+  for name in ("_sketch_of", "_observe", "apply_weighted", "_batch_stats"):
+    assert counts[f"jit({name})"] == 1, (name, counts)
+  assert 1 <= counts["jit(_run_batches)"] <= 2 * compiles["programs"], counts

@@ -29,6 +29,7 @@ the aggregation.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import flax
@@ -64,11 +65,14 @@ def temperature(queue: jax.Array, m0: jax.Array, gamma: float, delta: float) -> 
   return jnp.mean(queue) / jnp.maximum(m0, jnp.finfo(jnp.float32).tiny) * gamma + delta  # M0 = 0 only if every Δ was 0
 
 
+@functools.partial(jax.jit, static_argnums=2)
 def flush_weights(kappas: jax.Array, temp: jax.Array, use_softmax: bool) -> jax.Array:
-  """Eq. 19: softmax(κ / Temp) over the buffer, or uniform weights before the thermometer is ready."""
-  if not use_softmax:
-    return jnp.full(kappas.shape, 1.0 / kappas.shape[0], jnp.float32)
-  return jax.nn.softmax(kappas / temp)
+  """Eq. 19: softmax(κ / Temp) over the buffer, or uniform weights before the thermometer is ready.
+
+  Uniform weights are written as the softmax of zeros selected from κ's shape (exactly 1/n), so that
+  both branches return an array that depends on κ: it then lives, committed or not, where κ does, and
+  the aggregation step it feeds compiles once (a constant output would be uncommitted)."""
+  return jax.nn.softmax(jnp.where(use_softmax, kappas / temp, 0.0))
 
 
 @jax.jit
