@@ -68,7 +68,7 @@ def main(argv):
     opt = torch.optim.SGD(local_model.parameters(), lr=0.01)
     steps = 0
     for _ in range(epochs):
-      order = torch.from_numpy(indices)[torch.randperm(len(indices), generator=generator)]
+      order = torch.from_numpy(np.array(indices))[torch.randperm(len(indices), generator=generator)]
       for start in range(0, len(order), batch):
         idx = order[start:start + batch]
         opt.zero_grad(set_to_none=True)
