@@ -95,8 +95,8 @@ def main(argv):
       loss_fn(local_model(full[0]), full[1]).backward()
       opt.step()
     step_ms = 1e3 * (time.perf_counter() - step_start) / 20
-    print(f"torch threads {threads}: {FLAGS.updates / seconds:.2f} client updates/s ({steps} steps in {seconds:.1f} s), "
-          f"{step_ms:.1f} ms per full-batch step", flush=True)
+    print(f"torch threads {threads}: {FLAGS.updates / seconds:.2f} client updates/s "
+          f"({steps} steps in {seconds:.1f} s), {step_ms:.1f} ms per full-batch step", flush=True)
 
 
 if __name__ == "__main__":
