@@ -39,17 +39,21 @@ def max_pool_2x2(x: jnp.ndarray) -> jnp.ndarray:
   return _even_max_pool_2x2(x)
 
 
+def _window_view(x: jnp.ndarray) -> jnp.ndarray:
+  """[B, H, W, C] as [B, H/2, 2, W/2, 2, C]: axes 2 and 4 index the position inside each 2x2 window."""
+  b, h, w, c = x.shape
+  return x.reshape(b, h // 2, 2, w // 2, 2, c)
+
+
 def _windows(x: jnp.ndarray) -> list[jnp.ndarray]:
   """The four elements of every 2x2 window, in row-major window order, each [B, H/2, W/2, C]."""
-  b, h, w, c = x.shape
-  x = x.reshape(b, h // 2, 2, w // 2, 2, c)
+  x = _window_view(x)
   return [x[:, :, i, :, j] for i in (0, 1) for j in (0, 1)]
 
 
 @jax.custom_jvp
 def _even_max_pool_2x2(x: jnp.ndarray) -> jnp.ndarray:
-  b, h, w, c = x.shape
-  return x.reshape(b, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
+  return _window_view(x).max(axis=(2, 4))
 
 
 @_even_max_pool_2x2.defjvp

@@ -122,10 +122,10 @@ class Profiler:
       chunk_costs = [compiled_cost(functools.partial(trainer.run_steps, count=c), *args, jnp.int32(0))
                      for c in trainer.chunk_sizes(steps)]
     else:  # every epoch makes the same calls; each distinct (count, rows) program is compiled once here
-      shapes = {(count, rows) for _, count, rows in trainer.epoch_calls(n)}
+      shapes = [(count, rows) for _, count, rows in trainer.epoch_calls(n)]
       program = {(count, rows): compiled_cost(functools.partial(trainer.run_batches, count=count, rows=rows), *args,
-                                              jnp.int32(0), jnp.int32(0)) for count, rows in shapes}
-      chunk_costs = [program[count, rows] for _ in range(trainer.epochs) for _, count, rows in trainer.epoch_calls(n)]
+                                              jnp.int32(0), jnp.int32(0)) for count, rows in set(shapes)}
+      chunk_costs = [program[shape] for _ in range(trainer.epochs) for shape in shapes]
     self.add("client_update", _summed(chunk_costs),
              lambda: trainer.train(self.params, fed.x_train, fed.y_train, row, n, 0.01, key),
              steps=steps, samples=n, full_batches=trainer.epochs * full, partial_batches=trainer.epochs * (rest > 0),

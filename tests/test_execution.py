@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -281,3 +282,24 @@ def test_three_host_devices_keep_the_server_device_free_and_give_the_results_of_
   for name in ("_sketch_of", "_observe", "apply_weighted", "_batch_stats"):
     assert counts[f"jit({name})"] == 1, (name, counts)
   assert 1 <= counts["jit(_run_batches)"] <= 2 * compiles["programs"], counts
+
+
+def test_loop_counts_each_second_of_client_compute_once():
+  """train_seconds adds up the executor's timed spans: none may run inside another (a nested span was
+  counted twice: the wait for the server's device inside `result` inflated 8.5 s of training to 12 s)."""
+  sim = runner.Simulation(small_config("fedbuff", days=0.01, local__execution="loop"))
+  timed, depth = sim.executor._timed, {"now": 0, "max": 0, "spans": 0}
+
+  @contextlib.contextmanager
+  def tracked():
+    depth["now"] += 1
+    depth["max"], depth["spans"] = max(depth["max"], depth["now"]), depth["spans"] + 1
+    try:
+      with timed():
+        yield
+    finally:
+      depth["now"] -= 1
+
+  sim.executor._timed = tracked
+  sim.run()
+  assert depth["spans"] > 2 * sim.client_updates and depth["max"] == 1

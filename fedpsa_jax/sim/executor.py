@@ -173,7 +173,7 @@ class ClientExecutor:
       with self._timed():
         job, end, _ = self.issued.pop(job_id)
         self.stats.calls += 1
-        self.wait_for_home()  # the payload below runs there: its time must not include queued training
+        self._block_home()  # the payload below runs there: its time must not include queued training
         self._finish([job], [jax.device_put(end, self.home)])
     elif job_id not in self.results:
       with self._timed():
@@ -184,9 +184,12 @@ class ClientExecutor:
     """Waits for the training issued on the server's device, if it trains clients too (loop on one or two
     devices), counted as client compute. A device runs its work in order, so a server step issued now
     would wait for that training anyway, and its measured time would be the clients'."""
+    with self._timed():
+      self._block_home()
+
+  def _block_home(self) -> None:
     if self.home in self.device_work:
-      with self._timed():
-        jax.block_until_ready([end for _, end, device in self.issued.values() if device == self.home])
+      jax.block_until_ready([end for _, end, device in self.issued.values() if device == self.home])
 
   def work_of(self, job: Job) -> int:
     """The samples a job's unrolled schedule runs (partial batches at their own size), all epochs."""
@@ -204,6 +207,10 @@ class ClientExecutor:
       self.train_seconds += time.perf_counter() - start
       if self.compiles:
         self.stats.compile_seconds += self.compiles.seconds - compile_start
+
+  def samples_of(self, job: Job) -> int:
+    """Epochs × the client's sample count: the rows of real data the job's SGD steps use."""
+    return self.trainer.epochs * int(self.fed.client_sizes[job.dispatch.client])
 
   def steps_of(self, job: Job) -> int:
     return local.num_local_steps(int(self.fed.client_sizes[job.dispatch.client]), self.trainer.batch_size,
@@ -247,7 +254,7 @@ class ClientExecutor:
     self.stats.batches += 1
     self.stats.jobs += 1
     self.stats.steps_needed += steps
-    self.stats.samples_needed += self.trainer.epochs * int(self.fed.client_sizes[client])
+    self.stats.samples_needed += self.samples_of(job)
     self.stats.steps_run += steps
     return params_end
 
@@ -265,8 +272,7 @@ class ClientExecutor:
         batch, bucket = bucket[:size], bucket[size:]
         self._run_batch(batch, size, max(steps[j.dispatch.job_id] for j in batch))
         self.stats.steps_needed += sum(steps[j.dispatch.job_id] for j in batch)
-        self.stats.samples_needed += sum(self.trainer.epochs * int(self.fed.client_sizes[j.dispatch.client])
-                                         for j in batch)
+        self.stats.samples_needed += sum(self.samples_of(j) for j in batch)
 
   def _run_batch(self, batch: list[Job], size: int, total_steps: int) -> None:
     real = len(batch)
