@@ -559,6 +559,39 @@ def test_fedasync_two_same_time_arrivals_mixed_then_averaged_by_size():
   _close(state.params, jax.tree.map(lambda p, q: 0.25 * p + 0.75 * q, *mixed))
 
 
+def test_fedasync_more_same_time_arrivals_compile_nothing_new():
+  """Warm with one and two arrivals; 3, 4 and 5 arrivals at one event time then compile nothing (one
+  program per arrival, not per count), and 5 arrivals still give the size-weighted mix of each."""
+  from fedpsa_jax.compiles import CompileCounter
+
+  alpha, a = 0.6, 0.5
+  strategy, state = _fedasync("polynomial", alpha=alpha, a=a)
+  rng = np.random.default_rng(4)
+
+  def arrivals(n):
+    return [_arrival(i, _tiny_delta(rng), staleness=i, num_samples=10 * (i + 1), start=_tiny_delta(rng))
+            for i in range(n)]
+
+  for n in (1, 2):
+    state, _ = strategy.receive(state, arrivals(n))
+  jax.block_until_ready(state.params)
+  with CompileCounter() as counter:
+    for n in (3, 4):
+      state, _ = strategy.receive(state, arrivals(n))
+    last = arrivals(5)
+    before = _np_tree(state.params)
+    state, _ = strategy.receive(state, last)
+    jax.block_until_ready(state.params)
+  assert counter.count == 0, counter.by_function
+  sizes = np.array([arr.num_samples for arr in last], np.float64)
+  mixed = []
+  for arr in last:
+    m = alpha * (arr.staleness + 1.0) ** -a
+    mixed.append(jax.tree.map(lambda x, s0, d: (1 - m) * x + m * (s0 + d), before, _np_tree(arr.params_start),
+                              _np_tree(arr.delta)))
+  _close(state.params, jax.tree.map(lambda *ps: sum(p * s for p, s in zip(ps, sizes / sizes.sum())), *mixed))
+
+
 def test_fedasync_every_receive_is_a_round():
   strategy, state = _fedasync()
   rng = np.random.default_rng(2)

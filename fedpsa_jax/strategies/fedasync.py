@@ -8,12 +8,14 @@ so one event time is one round. Clients add the proximal term μ/2 ||w − w_dis
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from fedpsa_jax import local
 from fedpsa_jax.strategies.base import Arrival, Strategy, register
@@ -39,15 +41,23 @@ def staleness_weight(tau: jax.Array, kind: str, a: float, b: float) -> jax.Array
   raise ValueError(f"fedasync.staleness={kind!r} is invalid; allowed: {', '.join(STALENESS_FUNCTIONS)}")
 
 
+# Σ_j p_j [(1 − m_j) w + m_j (start_j + Δ_j)] = (1 − Σ_j p_j m_j) w + Σ_j p_j m_j (start_j + Δ_j), summed
+# one arrival at a time: one program per call whatever the number of arrivals sharing an event time (a
+# function of the tuple of all of them compiled again for each new count).
+@functools.partial(jax.jit, static_argnames="kind")
+def accumulate(acc: Params | None, total: jax.Array, start: Params, delta: Params, tau: jax.Array, share: jax.Array,
+               alpha: float, a: float, b: float, kind: str) -> tuple[Params, jax.Array]:
+  """(acc + p m (start + Δ), total + p m) for one arrival: p its data-size share, m = α s(τ) its mixing
+  weight; `acc` None starts the sums."""
+  weight = share * alpha * staleness_weight(tau, kind, a, b)
+  term = jax.tree.map(lambda s0, d: weight * (s0 + d), start, delta)
+  return (term if acc is None else jax.tree.map(jnp.add, acc, term)), total + weight
+
+
 @jax.jit
-def mix(params: Params, starts: tuple, deltas: tuple, mixing: jax.Array, data_weights: jax.Array) -> Params:
-  """Σ_j p_j [(1 − m_j) w + m_j (start_j + Δ_j)], p_j the data-size shares, m_j = α s(τ_j)."""
-
-  def leaf(w, *rest):
-    n = len(rest) // 2
-    return sum(data_weights[j] * ((1 - mixing[j]) * w + mixing[j] * (rest[j] + rest[n + j])) for j in range(n))
-
-  return jax.tree.map(leaf, params, *starts, *deltas)
+def blend(params: Params, acc: Params, total: jax.Array) -> Params:
+  """(1 − Σ_j p_j m_j) w + Σ_j p_j m_j (start_j + Δ_j)."""
+  return jax.tree.map(lambda w, t: (1 - total) * w + t, params, acc)
 
 
 @register("fedasync")
@@ -88,9 +98,10 @@ class FedAsync(Strategy):
 
   def receive(self, state: AsyncState, arrivals: Sequence[Arrival]) -> tuple[AsyncState, bool]:
     h = self.hparams
-    tau = jnp.asarray([a.staleness for a in arrivals], jnp.float32)
-    mixing = h.alpha * staleness_weight(tau, h.staleness, h.a, h.b)
-    sizes = jnp.asarray([a.num_samples for a in arrivals], jnp.float32)
-    params = mix(state.params, tuple(a.params_start for a in arrivals), tuple(a.delta for a in arrivals),
-                 mixing, sizes / jnp.sum(sizes))
-    return AsyncState(params=params), True
+    shares = np.array([a.num_samples for a in arrivals], np.float32)
+    shares /= shares.sum()  # p_j, on the host, which knows the sizes
+    acc, total = None, np.float32(0.0)
+    for arrival, share in zip(arrivals, shares):
+      acc, total = accumulate(acc, total, arrival.params_start, arrival.delta, np.float32(arrival.staleness), share,
+                              h.alpha, h.a, h.b, kind=h.staleness)
+    return AsyncState(params=blend(state.params, acc, total)), True
