@@ -28,8 +28,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def chains(devices: int, steps: int, batch: int) -> dict:
-  """In a child: `devices` host devices, one chain of `steps` SGD steps on each; wall and CPU seconds."""
+def chains(devices: int, core: int, steps: int, batch: int) -> dict:
+  """In a child: `devices` host devices, one chain of `steps` SGD steps on each; wall and CPU seconds.
+  `core` >= 0 pins the process to that core first (XLA then sizes its thread pool to one core)."""
+  if core >= 0:
+    os.sched_setaffinity(0, {core})
   import jax
   import jax.numpy as jnp
   import optax
@@ -61,9 +64,9 @@ def run(processes: int, devices: int, pin: bool, steps: int, batch: int) -> tupl
   cores = sorted(os.sched_getaffinity(0))
   children = []
   for i in range(processes):
-    argv = [sys.executable, os.path.abspath(__file__), f"--child={devices}", f"--steps={steps}", f"--batch={batch}"]
-    if pin:
-      argv = ["taskset", "-c", str(cores[i % len(cores)])] + argv
+    core = cores[i % len(cores)] if pin else -1
+    argv = [sys.executable, os.path.abspath(__file__), f"--child={devices}", f"--core={core}", f"--steps={steps}",
+            f"--batch={batch}"]
     children.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env))
   results = [json.loads(c.communicate()[0].strip().splitlines()[-1]) for c in children]
   wall = max(r["wall"] for r in results)
@@ -75,9 +78,10 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=40)
   parser.add_argument("--batch", type=int, default=64)
   parser.add_argument("--child", type=int, default=0, help="internal: run chains on this many devices")
+  parser.add_argument("--core", type=int, default=-1, help="internal: the child's core (-1: not pinned)")
   args = parser.parse_args()
   if args.child:
-    print(json.dumps(chains(args.child, args.steps, args.batch)))
+    print(json.dumps(chains(args.child, args.core, args.steps, args.batch)))
     return
   n = len(os.sched_getaffinity(0))
   print(f"MNIST CNN SGD steps, B = {args.batch}, {n} cores")

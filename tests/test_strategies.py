@@ -15,6 +15,7 @@ import pytest
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import seeding, sensitivity
+from fedpsa_jax.compiles import CompileCounter
 from fedpsa_jax.models import TinyMLP
 from fedpsa_jax.strategies import Arrival, StrategyContext
 from fedpsa_jax.strategies.fedasync import FedAsync, staleness_weight
@@ -562,8 +563,6 @@ def test_fedasync_two_same_time_arrivals_mixed_then_averaged_by_size():
 def test_fedasync_more_same_time_arrivals_compile_nothing_new():
   """Warm with one and two arrivals; 3, 4 and 5 arrivals at one event time then compile nothing (one
   program per arrival, not per count), and 5 arrivals still give the size-weighted mix of each."""
-  from fedpsa_jax.compiles import CompileCounter
-
   alpha, a = 0.6, 0.5
   strategy, state = _fedasync("polynomial", alpha=alpha, a=a)
   rng = np.random.default_rng(4)

@@ -37,6 +37,11 @@ class FederatedData:
   client_test_indices: tuple = ()
 
   @property
+  def home(self) -> jax.Device:
+    """The server's device: where the data and the server state live."""
+    return next(iter(self.x_train.devices()))
+
+  @property
   def num_clients(self) -> int:
     return int(self.client_sizes.shape[0])
 

@@ -141,7 +141,7 @@ class ClientExecutor:
     self.stats = ExecutionStats()
     self.mesh = None
     self.x_all, self.y_all = fed.x_train, fed.y_train
-    self.home = next(iter(fed.x_train.devices()))  # where the data and the server state live
+    self.home = fed.home  # where the data and the server state live
     # loop: each client device holds its own copy of the data, made once here.
     self.devices = client_devices(execution, self.home)
     self.issued: dict[int, tuple[Job, Params, jax.Device]] = {}  # loop: job id -> (job, trained params, device)

@@ -114,7 +114,7 @@ class Simulation:
     # Committed to the server's device from the start: jit caches a program per committed/uncommitted
     # input, and every later state (outputs of jitted steps on committed inputs) is committed, so an
     # uncommitted initial state compiled each server function twice (measured: ~5 s of a default run).
-    home = next(iter(self.fed.x_train.devices()))
+    home = self.fed.home
     self.state = jax.tree.map(lambda x: jax.device_put(x, home) if isinstance(x, jax.Array) else x,
                               self.strategy.init(jax.device_put(params, home)))
     trainer = local.LocalTrainer(
