@@ -497,8 +497,8 @@ def _fedasync(kind="polynomial", alpha=0.6, a=0.5, b=4, mu=0.005):
   cfg.method = "fedasync"
   cfg.fedasync.staleness = kind
   cfg.fedasync.alpha = alpha
-  cfg.fedasync.a = a
-  cfg.fedasync.b = b
+  cfg.fedasync.a = a  # the polynomial's exponent
+  cfg.fedasync.hinge_a, cfg.fedasync.hinge_b = a, b  # the hinge's own a and b (_hand_s uses the same pair)
   cfg.fedasync.prox_mu = mu
   strategy = FedAsync(cfg, _ctx())
   return strategy, strategy.init(TINY)

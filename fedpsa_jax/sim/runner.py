@@ -271,11 +271,12 @@ class Simulation:
                    self.round, t, t / config_lib.UNITS_PER_DAY)
 
   def _log_events(self, jobs: list[Job], arrivals: list[strategies.Arrival], changed: bool) -> None:
-    """One line per received update and, when a round happened, one line for the round."""
+    """One line per received update and, when a round happened, one line for the round. An update's `lr` is
+    the one its job was dispatched (and trained) with."""
     records = self.strategy.event_records(self.state, arrivals)
     lines = [{"type": "update", "client": job.dispatch.client, "job_id": job.dispatch.job_id,
               "dispatch_time": job.dispatch.dispatch_time, "arrival_time": job.dispatch.arrival_time,
-              "dispatch_round": arrival.dispatch_round, "staleness": arrival.staleness, **extra}
+              "dispatch_round": arrival.dispatch_round, "staleness": arrival.staleness, "lr": job.lr, **extra}
              for job, arrival, extra in zip(jobs, arrivals, records)]
     if changed:
       lines.append({"type": "round", "time": self.now, "round": self.round + 1,

@@ -1,7 +1,10 @@
 """FedAsync (Xie et al., 2019): every arrival is mixed into the global model at once.
 
-w ← (1 − α s(τ)) w + α s(τ) w_i with the staleness function s:
+w ← (1 − α s(τ)) w + α s(τ) w_i with the staleness function s (Xie et al., Sec. 5.2):
   constant: 1;  polynomial: (τ + 1)^(-a);  hinge: 1 if τ <= b else 1 / (a (τ − b) + 1).
+The polynomial and the hinge have their own parameters, at the values of the FedAsync paper's experiments:
+polynomial a = `fedasync.a` = 0.5; hinge a = `fedasync.hinge_a` = 10 and b = `fedasync.hinge_b` = 4. (They
+once shared `a`, so the hinge ran with slope 0.5: a far gentler decay than the paper's.)
 Arrivals of one event time are each mixed into the same w and the results averaged by data size,
 so one event time is one round. Clients add the proximal term μ/2 ||w − w_dispatch||² to their loss.
 """
@@ -9,6 +12,7 @@ so one event time is one round. Clients add the proximal term μ/2 ||w − w_dis
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Sequence
 
 import flax
@@ -30,7 +34,8 @@ class AsyncState:
 
 
 def staleness_weight(tau: jax.Array, kind: str, a: float, b: float) -> jax.Array:
-  """s(τ) of FedAsync (Xie et al., Sec. 5.2)."""
+  """s(τ) of FedAsync (Xie et al., Sec. 5.2): `a`, `b` are the chosen function's own parameters (polynomial:
+  the exponent a, b unused; hinge: the slope a and the threshold b; `FedAsync.staleness_params` picks them)."""
   tau = jnp.asarray(tau, jnp.float32)
   if kind == "constant":
     return jnp.ones_like(tau)
@@ -68,8 +73,11 @@ class FedAsync(Strategy):
     c = ml_collections.ConfigDict()
     c.alpha = 0.6  # α, the mixing weight of a fresh update
     c.staleness = "polynomial"  # s(τ): constant | polynomial | hinge
-    c.a = 0.5  # polynomial exponent a; for hinge, the slope a
-    c.b = 4  # hinge only: staleness tolerated before decay starts
+    c.a = 0.5  # polynomial only: the exponent a of s(τ) = (τ + 1)^(-a) (the FedAsync paper's 0.5)
+    # hinge only: s(τ) = 1 for τ <= b, else 1 / (a (τ − b) + 1), with its own a and b (the FedAsync paper's 10, 4;
+    # not the polynomial's a, whose 0.5 would make the hinge's decay 20 times gentler)
+    c.hinge_a = 10.0  # the slope a beyond b
+    c.hinge_b = 4  # the staleness b tolerated before the decay starts
     c.prox_mu = 0.005  # μ of the clients' proximal term μ/2 ||w − w_dispatch||² (0 disables it)
     return c
 
@@ -82,12 +90,25 @@ class FedAsync(Strategy):
       errors.append(f"fedasync.alpha={c.alpha!r} is invalid; allowed: a number in (0, 1]")
     if not (isinstance(c.prox_mu, (int, float)) and c.prox_mu >= 0):
       errors.append(f"fedasync.prox_mu={c.prox_mu!r} is invalid; allowed: a number >= 0")
+    # Checked whichever function is chosen, so a bad value is caught before someone switches to it.
+    for field in ("a", "hinge_a", "hinge_b"):
+      v = c[field]
+      if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+        errors.append(f"fedasync.{field}={v!r} is invalid; allowed: a finite number >= 0")
     return errors
 
   def __init__(self, config, ctx):
     super().__init__(config, ctx)
     # One regulariser object per strategy, so the local-training jit cache is reused across jobs.
     self._regularizer = local.proximal_term(self.hparams.prox_mu) if self.hparams.prox_mu > 0 else None
+    self._a, self._b = self.staleness_params(self.hparams)
+
+  @staticmethod
+  def staleness_params(hparams: ml_collections.ConfigDict) -> tuple[float, float]:
+    """(a, b) of the chosen s(τ): the hinge's own (hinge_a, hinge_b), else the polynomial's a (b unused)."""
+    if hparams.staleness == "hinge":
+      return float(hparams.hinge_a), float(hparams.hinge_b)
+    return float(hparams.a), 0.0
 
   @property
   def regularizer(self):
@@ -103,5 +124,5 @@ class FedAsync(Strategy):
     acc, total = None, np.float32(0.0)
     for arrival, share in zip(arrivals, shares):
       acc, total = accumulate(acc, total, arrival.params_start, arrival.delta, np.float32(arrival.staleness), share,
-                              h.alpha, h.a, h.b, kind=h.staleness)
+                              h.alpha, self._a, self._b, kind=h.staleness)
     return AsyncState(params=blend(state.params, acc, total)), True

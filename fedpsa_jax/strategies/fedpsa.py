@@ -12,10 +12,21 @@ Temp = (M_cur / M0) γ + δ (Eqs. 17-18). When the buffer holds at least L_s upd
 weights = softmax(κ / Temp) (Eq. 19) — uniform 1/|buffer| while Q has never been full — and
 w ← w + Σ weight_i Δ_i (Eq. 20); the buffer is cleared.
 
-Ablations (the paper's Table 6):
-- `no_temperature`: no thermometer; Temp is fixed at γ + δ and softmax weighting applies from the first
-  flush (there is no queue whose filling could switch it on).
-- `no_sensitivity`: κ from sketches of the raw parameters (R θ) instead of their sensitivities.
+Ablations (the paper's Table 6, Sec. 6.4), and how they are read here. The paper names what each removes
+but not what replaces it; these readings are ours:
+- `no_temperature` ("w/o T"): no thermometer; Temp is fixed and softmax weighting (Eq. 19) applies from
+  the first flush (there is no queue whose filling could switch it on). The fixed value is γ + δ (the Temp of
+  Eq. 18 at M_cur = M0; 5.5 with the paper's γ = 5, δ = 0.5) unless `fixed_temperature` sets another. At 5.5
+  the softmax is nearly uniform: two weights differ by the factor e^((κ_i − κ_j)/5.5), and κ ∈ [−1, 1], so by
+  at most e^(2/5.5) ≈ 1.44.
+- `no_sensitivity` ("w/o S"): κ from sketches of the raw parameters (R θ) instead of their sensitivities.
+  A client's parameters and the global model's are close (||Δ|| ≪ ||θ||), so κ ≈ 1 for every client and
+  the weights are nearly uniform at any Temp. "w/o T&S" is both switches, nearly uniform too.
+So under this reading all three variants sit near FedBuff's uniform buffer mean (without its staleness
+discount), while the paper's Table 6 shows large gaps between them (non-IID, p = 0.1: w/o T 53.30, w/o T&S
+44.08). A sharper fixed Temp (e.g. δ or 1) is the other plausible reading of "w/o T":
+`configs/paper/table6.py:temps` adds those members beside the paper's, so that one can see which reading
+reproduces the gaps.
 Arrivals of one event time enter the buffer together (so a flush may hold more than L_s, as in FLGo's
 FedBuff on which FedPSA builds).
 
@@ -30,6 +41,7 @@ the aggregation.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Sequence
 
 import flax
@@ -63,6 +75,13 @@ class FedPSAState:
 def temperature(queue: jax.Array, m0: jax.Array, gamma: float, delta: float) -> jax.Array:
   """Eqs. 17-18: Temp = (M_cur / M0) γ + δ with M_cur the mean of the (full) queue."""
   return jnp.mean(queue) / jnp.maximum(m0, jnp.finfo(jnp.float32).tiny) * gamma + delta  # M0 = 0 only if every Δ was 0
+
+
+def fixed_temperature(hparams: ml_collections.ConfigDict) -> float:
+  """The Temp of the "w/o T" ablation (`no_temperature`): `fixed_temperature` when > 0, else γ + δ (the value of
+  Eq. 18 at M_cur = M0, our reading of the paper; see the module docstring)."""
+  fixed = hparams.get("fixed_temperature", 0.0)
+  return float(fixed) if fixed > 0 else float(hparams.gamma + hparams.delta)
 
 
 @functools.partial(jax.jit, static_argnums=2)
@@ -109,8 +128,15 @@ class FedPSA(Strategy):
     c.queue_length = 50  # L_q: length of the training thermometer's queue
     c.gamma = 5.0  # γ of Temp = (M_cur / M0) γ + δ
     c.delta = 0.5  # δ of the same
-    c.no_temperature = False  # ablation "w/o T": Temp fixed at γ + δ
-    c.no_sensitivity = False  # ablation "w/o S": κ from sketches of raw parameters
+    # Ablation "w/o T": no thermometer, Temp fixed (at γ + δ = 5.5 by default: a nearly uniform softmax; see the
+    # module docstring for this reading and the others)
+    c.no_temperature = False
+    # The fixed Temp of "w/o T" (only with no_temperature=True): 0 means γ + δ (our reading of the paper); any
+    # other value > 0 is used as Temp itself (e.g. δ or 1: the sharper readings in configs/paper/table6.py:temps)
+    c.fixed_temperature = 0.0
+    # Ablation "w/o S": κ from sketches of the raw parameters (R θ), ≈ 1 for every client, so the weights are
+    # nearly uniform; with no_temperature=True this is "w/o T&S"
+    c.no_sensitivity = False
     # Fig. 6 diagnostic: log align = cos(g_client, g_server) on a held-out test batch (Eqs. 21-22) beside κ
     # in events.jsonl (needs output.events). Costs two gradients on eval.alignment_batch_size samples per
     # received update; does not change training.
@@ -131,6 +157,14 @@ class FedPSA(Strategy):
     elif c.get("log_alignment", False) and not config.output.events:
       errors.append("fedpsa.log_alignment=True is invalid with output.events=False; allowed: output.events=True "
                     "(the pairs are written to events.jsonl), or log_alignment=False")
+    fixed = c.get("fixed_temperature", 0.0)
+    if not (isinstance(fixed, (int, float)) and not isinstance(fixed, bool) and math.isfinite(fixed) and fixed >= 0):
+      errors.append(f"fedpsa.fixed_temperature={fixed!r} is invalid; allowed: a finite number > 0 (the fixed Temp "
+                    "of no_temperature), or 0 (Temp = gamma + delta)")
+    elif fixed > 0 and c.no_temperature is not True:
+      # Without the switch the thermometer sets Temp: a fixed value would silently do nothing.
+      errors.append(f"fedpsa.fixed_temperature={fixed!r} is invalid with fedpsa.no_temperature="
+                    f"{c.no_temperature!r}; allowed: 0, or any value > 0 together with fedpsa.no_temperature=True")
     if isinstance(c.gamma, (int, float)) and isinstance(c.delta, (int, float)) and c.gamma + c.delta <= 0:
       errors.append(f"fedpsa.delta={c.delta!r} is invalid; allowed: gamma + delta > 0 (Temp must be positive)")
     return errors
@@ -158,8 +192,10 @@ class FedPSA(Strategy):
         self.ctx.apply_fn, *self._calibration, R, chunk_size=self._chunk_size,
         use_sensitivity=not self.hparams.no_sensitivity, method=self._fisher_method)
     q = self.hparams.queue_length
+    # Under no_temperature this Temp is never updated (receive skips Eq. 18): it is the ablation's fixed value.
+    temp = fixed_temperature(self.hparams) if self.hparams.no_temperature else self.hparams.gamma + self.hparams.delta
     return FedPSAState(params=params, global_sketch=self._sketch_fn(params), queue=jnp.zeros((q,), jnp.float32),
-                       m0=jnp.float32(0.0), temperature=jnp.float32(self.hparams.gamma + self.hparams.delta))
+                       m0=jnp.float32(0.0), temperature=jnp.float32(temp))
 
   def client_payload(self, params_start: Params, params_end: Params, job=None) -> jax.Array:
     """The client's sketch s̃_i = R s(θ_i) at its trained parameters (Algorithm 1, lines 9-10)."""
