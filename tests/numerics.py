@@ -12,7 +12,7 @@ the actual values scaled by 1.01, or with one element off by 1% of the values' s
 tolerance loosened past that point fails the test that wrote it, on every machine.
 
 With FEDPSA_TOLERANCE_LOG=path set, every call appends one JSON line (test, call site, tolerance, largest
-error seen as a fraction of the tolerance) for tools/tolerance_report.py.
+error seen as a fraction of the tolerance) for tests/tolerance_report.py.
 """
 
 from __future__ import annotations

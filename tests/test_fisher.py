@@ -5,19 +5,21 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from fedpsa_jax import fisher, sensitivity
 from fedpsa_jax.models import MODELS, get_model
+from numerics import assert_close, f32_tolerance
 
 INPUTS = {"mnist_cnn": (28, 28, 1), "linear": (28, 28, 1), "cifar_cnn": (32, 32, 3), "tiny_mlp": (6, 6, 1),
           "aifed_cnn": (28, 28, 1)}
 
 
-def max_rel_err(a, b) -> float:
-  return max(float(jnp.max(jnp.abs(u - v)) / (jnp.max(jnp.abs(v)) + 1e-30))
-             for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+def tolerance(x) -> float:
+  """Rounding noise of a Fisher diagonal (or gradient) of batch `x` in float32: a per-sample gradient
+  element of a conv kernel sums one product per output position (at most the input's elements), the
+  Fisher then sums its squares over the batch."""
+  return f32_tolerance(x[0].size * x.shape[0], depth=2)
 
 
 def setup(name, batch=6, classes=10, seed=0):
@@ -47,14 +49,14 @@ def test_factored_equals_reference(name, masked):
     return (f, f_ref), (g, g_ref), (s, s_ref)
 
   for got, want in both(params):
-    assert max_rel_err(got, want) < 1e-5
+    assert_close(got, want, tolerance(x))
 
 
 def test_batched_conv_loop_equals_fori():
   model, params, x, y = setup("cifar_cnn", batch=5)
   a = jax.jit(lambda p: fisher.gradient_and_fisher(model.apply, p, x, y, conv_loop="fori")[1])(params)
   b = jax.jit(lambda p: fisher.gradient_and_fisher(model.apply, p, x, y, conv_loop="batched")[1])(params)
-  assert max_rel_err(a, b) < 1e-5
+  assert_close(a, b, tolerance(x))
 
 
 class StridedNet(nn.Module):
@@ -82,7 +84,7 @@ def test_unusual_layers_fall_back_or_factor_exactly(masked):
   f = jax.jit(lambda p: fisher.gradient_and_fisher(model.apply, p, x, y, mask, chunk_size=4)[1])(params)
   f_ref = jax.jit(lambda p: sensitivity.fisher_diagonal(model.apply, p, x, y, mask, chunk_size=4,
                                                        method="per_sample"))(params)
-  assert max_rel_err(f, f_ref) < 1e-5
+  assert_close(f, f_ref, tolerance(x))
 
 
 def test_auto_method_selection():
@@ -92,6 +94,5 @@ def test_auto_method_selection():
   assert sensitivity.resolve_fisher_method(plain, "auto") == "per_sample"
   with pytest.raises(ValueError, match="sensitivity.fisher="):
     sensitivity.resolve_fisher_method(plain, "magic")
-  np.testing.assert_allclose(
-      jax.tree.leaves(sensitivity.fisher_diagonal(plain, params, x, y))[0],
-      jax.tree.leaves(sensitivity.fisher_diagonal(model.apply, params, x, y))[0], rtol=1e-5)
+  assert_close(sensitivity.fisher_diagonal(plain, params, x, y),
+               sensitivity.fisher_diagonal(model.apply, params, x, y), tolerance(x))
