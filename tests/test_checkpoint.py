@@ -226,6 +226,7 @@ def saving_checkpoint(workdir) -> bool:
   return os.path.isdir(ck) and any(".orbax-checkpoint-tmp" in name for name in os.listdir(ck))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,kills", [
     # before the first checkpoint (a fresh restart), then between checkpoints
     ("fedpsa", [lines_at_least(2), lines_at_least(6)]),

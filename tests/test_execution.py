@@ -123,6 +123,7 @@ def _forced_host_devices(count: int) -> dict[str, str]:
           "JAX_PLATFORMS": "cpu"}
 
 
+@pytest.mark.slow
 def test_two_host_devices_give_the_results_of_one():
   """Two forced host devices: `sharded` splits the client axis over both, `loop` sends jobs round-robin
   to both; the results equal those of one device, and come back to the device of the server state."""
@@ -287,6 +288,7 @@ print(json.dumps({{"compiles": dict(sim.compiles.by_function), "programs": len(p
 """
 
 
+@pytest.mark.slow
 def test_three_host_devices_keep_the_server_device_free_and_give_the_results_of_one():
   """Three forced host devices: loop trains on the two that are not the server's, balanced by work, and
   the results (brought back to the server's device) equal one device's."""

@@ -251,6 +251,7 @@ def test_launch_reports_missing_tfds_data_cleanly(tmp_path):
   assert not os.path.exists(tmp_path / "run")  # no empty run directory left behind
 
 
+@pytest.mark.slow
 def test_launch_rejects_bad_workdirs_cleanly(tmp_path):
   (tmp_path / "file").write_text("")
   proc = run_launch(f"--workdir={tmp_path / 'file' / 'run'}")

@@ -74,6 +74,7 @@ def test_run_directory_contents_and_aulc(tmp_path):
     assert sum(r["weights"]) == pytest.approx(1.0, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_fedpsa_runs_with_the_paper_cnn(tmp_path):
   """The default model path (conv net, Fisher on the CNN, unrolled chunks) on a very short budget."""
   c = small_config("fedpsa", model="mnist_cnn", days=0.004)

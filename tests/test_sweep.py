@@ -78,6 +78,7 @@ def _launch(*args: str) -> subprocess.CompletedProcess:
                         cwd=ROOT, env=env, timeout=900)
 
 
+@pytest.mark.slow
 def test_table1_smoke_sweep_and_report_end_to_end(tmp_path):
   """launch.py --mode=sweep then --mode=report: every cell of Table 1's layout is filled from the runs."""
   workdir = str(tmp_path / "table1")
@@ -168,6 +169,7 @@ def test_interrupted_sweep_resumes_without_redoing_finished_members(tmp_path, mo
                            os.path.join(workdir, "runs", "method=fedbuff,seed=0"))
 
 
+@pytest.mark.slow
 def test_ray_executor_gives_the_local_executor_results(tmp_path):
   ray = pytest.importorskip("ray")
   config = _tiny_sweep(("fedbuff", "fedpsa"))
