@@ -1,4 +1,4 @@
-"""One JAX persistent compilation cache for the whole test session, and the slow tests first.
+"""One JAX persistent compilation cache for the whole test session, and the `slow` marker.
 
 Most of the suite's time is XLA compiling the same programs again: every test builds a fresh Simulation,
 whose jitted closures are new Python objects with the same HLO, in each of the xdist workers and in
@@ -20,8 +20,8 @@ _OWNED = "FEDPSA_TEST_OWNS_JAX_CACHE"  # set on the process that made the direct
 
 
 def pytest_configure(config: pytest.Config) -> None:
-  config.addinivalue_line("markers", "slow: a test of 15 s or more; run first, so that the parallel workers "
-                          "end together instead of one finishing a long test alone")
+  config.addinivalue_line("markers", "slow: a test of 10 s or more (subprocesses, whole sweeps, the notebook); "
+                          "`make test ARGS=\"-m 'not slow'\"` leaves them out of a quick run")
   # xdist workers inherit the controller's environment, so only the first process makes the directory;
   # subprocesses (launch.py) inherit it too. A cache set by the user is left as it is.
   if _CACHE_ENV in os.environ:
@@ -41,8 +41,3 @@ def pytest_unconfigure(config: pytest.Config) -> None:
   if os.environ.get(_OWNED) == str(os.getpid()):
     shutil.rmtree(os.environ[_CACHE_ENV], ignore_errors=True)
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-  # pytest-xdist hands out tests in collection order: slow ones collected last (test_sweep.py sorts late)
-  # left one worker running a minute after the other had finished. A stable sort keeps the rest in order.
-  items.sort(key=lambda item: item.get_closest_marker("slow") is None)

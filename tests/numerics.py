@@ -51,40 +51,33 @@ def _scale(desired: np.ndarray) -> float:
   return float(np.sqrt(np.mean(np.square(desired)))) if desired.size else 0.0
 
 
-def _allowed(desired: np.ndarray, rel: float, scale: float | None) -> np.ndarray:
-  s = _scale(desired) if scale is None else scale
-  return rel * (np.abs(desired) + s)
-
-
-def _leaf_close(actual, desired, rel: float, scale: float | None, where: str) -> tuple[float, float]:
-  """Checks one leaf; returns (largest error / allowed, scale). Raises AssertionError with the worst
-  element named when it is not close, or when the tolerance could not catch a 1% error."""
+def _leaf_close(actual, desired, rel: float, scale: float | None, where: str) -> float:
+  """Checks one leaf; returns its largest error as a fraction of the allowed one. Raises AssertionError with
+  the worst element named when it is not close, or when the tolerance could not catch a 1% error."""
   a, d = np.asarray(actual, np.float64), np.asarray(desired, np.float64)
   if a.shape != d.shape:
     raise AssertionError(f"{where}: shapes differ: {a.shape} vs {d.shape}")
   if not np.all(np.isfinite(a)) or not np.all(np.isfinite(d)):
     np.testing.assert_array_equal(a, d, err_msg=f"{where}: non-finite values differ")
-    return 0.0, 0.0
-  allowed = _allowed(d, rel, scale)
+    return 0.0
+  s = _scale(d) if scale is None else scale
+  allowed = rel * (np.abs(d) + s)
   error = np.abs(a - d)
-  ratio = float(np.max(error / np.maximum(allowed, np.finfo(np.float64).tiny), initial=0.0))
   if not np.all(error <= allowed):
     i = np.unravel_index(int(np.argmax(error - allowed)), d.shape) if d.ndim else ()
     raise AssertionError(
-        f"{where}: not close (tolerance {rel:.2e} of |desired| + scale {_scale(d) if scale is None else scale:.3g})"
+        f"{where}: not close (tolerance {rel:.2e} of |desired| + scale {s:.3g})"
         f"\n  worst element {i}: actual {a[i]!r}, desired {d[i]!r}, error {error[i]:.3g} > allowed {allowed[i]:.3g}"
         f"\n  {int(np.sum(error > allowed))} of {d.size} elements outside")
-  _check_catches_breaks(d, rel, scale, where)
-  return ratio, _scale(d) if scale is None else scale
+  _check_catches_breaks(d, s, allowed, rel, where)
+  return float(np.max(error / np.maximum(allowed, np.finfo(np.float64).tiny), initial=0.0))
 
 
-def _check_catches_breaks(d: np.ndarray, rel: float, scale: float | None, where: str) -> None:
+def _check_catches_breaks(d: np.ndarray, s: float, allowed: np.ndarray, rel: float, where: str) -> None:
   """The tolerance must reject the desired values scaled by 1 + BREAK, and one element (the smallest in
-  magnitude: the hardest to see) moved by BREAK times the leaf's scale."""
-  s = _scale(d) if scale is None else scale
+  magnitude: the hardest to see) moved by BREAK times the leaf's scale `s`."""
   if s == 0.0:
     return  # all zeros with no explicit scale: the allowed error is 0, anything but equality fails
-  allowed = _allowed(d, rel, scale)
   if not np.any(np.abs(BREAK * d) > allowed):
     raise AssertionError(f"{where}: tolerance {rel:.2e} is too loose to catch a factor {1 + BREAK}")
   i = np.unravel_index(int(np.argmin(np.abs(d))), d.shape) if d.ndim else ()
@@ -106,14 +99,13 @@ def assert_close(actual, desired, rel: float, *, scale: float | None = None) -> 
     actual, desired = np.asarray(actual), np.asarray(desired)  # an array against a list of numbers
   a_leaves, treedef = jax.tree.flatten(actual)
   d_leaves, d_treedef = jax.tree.flatten(desired)
-  caller = inspect.stack()[1]
-  where = f"{os.path.basename(caller.filename)}:{caller.lineno}"
+  caller = inspect.currentframe().f_back  # (inspect.stack() would read the source of every frame)
+  where = f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}"
   if len(a_leaves) != len(d_leaves):
     raise AssertionError(f"{where}: trees differ: {treedef} vs {d_treedef}")
   worst = 0.0
   for k, (a, d) in enumerate(zip(a_leaves, d_leaves)):
-    ratio, _ = _leaf_close(a, d, rel, scale, f"{where} leaf {k}" if len(a_leaves) > 1 else where)
-    worst = max(worst, ratio)
+    worst = max(worst, _leaf_close(a, d, rel, scale, f"{where} leaf {k}" if len(a_leaves) > 1 else where))
   log = os.environ.get("FEDPSA_TOLERANCE_LOG")
   if log:
     test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
