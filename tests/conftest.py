@@ -27,6 +27,9 @@ def pytest_configure(config: pytest.Config) -> None:
   if _CACHE_ENV in os.environ:
     return
   path = tempfile.mkdtemp(prefix="fedpsa-jax-cache-")
+  # The parsed embedded MNIST too: parsed once per session, read by every worker and subprocess after that,
+  # and kept out of the user's own cache (~/.cache/fedpsa-jax).
+  os.environ.setdefault("FEDPSA_JAX_CACHE", os.path.join(path, "data"))
   os.environ.update({_CACHE_ENV: path, _OWNED: str(os.getpid()),
                      "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # the many small compiles count too
                      "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})

