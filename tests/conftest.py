@@ -1,4 +1,4 @@
-"""One JAX persistent compilation cache for the whole test session, and the `slow` marker.
+"""One JAX persistent compilation cache for the whole test session, fast compiles, the `slow` marker.
 
 Most of the suite's time is XLA compiling the same programs again: every test builds a fresh Simulation,
 whose jitted closures are new Python objects with the same HLO, in each of the xdist workers and in
@@ -22,6 +22,7 @@ _OWNED = "FEDPSA_TEST_OWNS_JAX_CACHE"  # set on the process that made the direct
 def pytest_configure(config: pytest.Config) -> None:
   config.addinivalue_line("markers", "slow: a test of 10 s or more (subprocesses, whole sweeps, the notebook); "
                           "`make test ARGS=\"-m 'not slow'\"` leaves them out of a quick run")
+  _fast_compiles()
   # xdist workers inherit the controller's environment, so only the first process makes the directory;
   # subprocesses (launch.py) inherit it too. A cache set by the user is left as it is.
   if _CACHE_ENV in os.environ:
@@ -38,6 +39,20 @@ def pytest_configure(config: pytest.Config) -> None:
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _fast_compiles() -> None:
+  """XLA:CPU's LLVM backend at optimisation level 0 for the suite (workers and subprocesses inherit it).
+
+  Compiling is most of the suite's time, and level 0 compiles about twice as fast: the suite took 3:52
+  against 5:16 on a 2-core machine. The programs are the same HLO, with the same operations in the same
+  order; only the machine code is less optimised, so a test sees the numerics users get up to the
+  rounding differences that tests/numerics.py already allows between CPUs. `make test-avx2` (CI) runs the
+  numerics-heavy files at the optimisation users get, with FEDPSA_TEST_FULL_OPT=1; an
+  xla_backend_optimization_level set by the user is left as it is."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if os.environ.get("FEDPSA_TEST_FULL_OPT") != "1" and "xla_backend_optimization_level" not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
