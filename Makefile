@@ -27,7 +27,7 @@ test: $(STAMP)
 # The numerics-heavy files again with XLA:CPU held to AVX2 (other vector widths and summation orders than an
 # AVX-512 machine's): a tolerance fitted to one CPU's bits fails here before it lands. CI runs it after `test`.
 # At the compiler optimisation users get (`test` compiles at level 0 for speed; see tests/conftest.py).
-NUMERICS_TESTS := tests/test_numerics.py tests/test_fisher.py tests/test_sensitivity.py tests/test_local.py \
+NUMERICS_TESTS := tests/test_numerics.py tests/test_models.py tests/test_fisher.py tests/test_sensitivity.py tests/test_local.py \
 	tests/test_execution.py tests/test_strategies.py
 test-avx2: $(STAMP)
 	FEDPSA_TEST_FULL_OPT=1 XLA_FLAGS="$(XLA_FLAGS) --xla_cpu_max_isa=AVX2" $(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal \

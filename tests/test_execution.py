@@ -206,20 +206,21 @@ def test_max_pool_2x2_gradient_goes_to_the_first_maximum_of_a_tie():
   np.testing.assert_allclose(jnp.vdot(y_dot, g), jnp.vdot(t, grad), rtol=1e-5)
 
 
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])  # the MNIST CNN's convs and the CIFAR CNN's
 @pytest.mark.parametrize("batch", [5, 19, 64])
-def test_batch_chunked_conv_equals_the_plain_convolution(batch):
+def test_batch_chunked_conv_equals_the_plain_convolution(batch, padding):
   """Values, input and kernel gradients, forward mode and vmap equal lax.conv_general_dilated's (19: a last
   chunk of 3 images; 5: a single chunk)."""
   dn = ("NHWC", "HWIO", "NHWC")
-  plain = lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn)
-  chunked = lambda x, w: models.batch_chunked_conv(x, w, (1, 1), "SAME", dimension_numbers=dn)
+  plain = lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), padding, dimension_numbers=dn)
+  chunked = lambda x, w: models.batch_chunked_conv(x, w, (1, 1), padding, dimension_numbers=dn)
   kx, kw, kg, kt = jax.random.split(jax.random.key(batch), 4)
   x, w = jax.random.normal(kx, (batch, 10, 10, 3)), jax.random.normal(kw, (5, 5, 3, 4))
-  g = jax.random.normal(kg, (batch, 10, 10, 4))
+  g = jax.random.normal(kg, plain(x, w).shape)  # 10x10 (SAME) or 6x6 (VALID) outputs
   # Each output sums 5·5·3 products; an input-gradient element 5·5·4; a kernel-gradient element one
-  # product per image and pixel, batch·10·10 of them (the longest reduction, and its elements cancel).
+  # product per image and output pixel, batch·h·w of them (the longest reduction, and its elements cancel).
   forward, input_grad, kernel_grad = (f32_tolerance(5 * 5 * 3), f32_tolerance(5 * 5 * 4),
-                                      f32_tolerance(batch * 10 * 10))
+                                      f32_tolerance(g.shape[0] * g.shape[1] * g.shape[2]))
   assert_close(jax.jit(chunked)(x, w), plain(x, w), forward)
   grads = jax.jit(lambda x, w, g: jax.vjp(chunked, x, w)[1](g))(x, w, g)
   want = jax.vjp(plain, x, w)[1](g)
