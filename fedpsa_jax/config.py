@@ -16,7 +16,7 @@ from fedpsa_jax import strategies
 from fedpsa_jax.data.calibration import CALIBRATION_KINDS
 from fedpsa_jax.data.partition import PARTITIONERS
 from fedpsa_jax.data.sources import DATASETS, TEST_SPLITS
-from fedpsa_jax.models import MODELS
+from fedpsa_jax.models import INITS, MODELS
 from fedpsa_jax.sensitivity import FISHER_METHODS
 from fedpsa_jax.sim.executor import EXECUTIONS
 
@@ -67,6 +67,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict()
   c.model.name = "mnist_cnn"  # mnist_cnn | linear | cifar_cnn | tiny_mlp | aifed_cnn
+  # torch: PyTorch's default layer init, as in the FLGo harness the paper ran (kernels and biases
+  # U(±1/√fan_in); the linear model's bias 0) | flax: Flax's defaults (LeCun normal, zero biases)
+  c.model.init = "torch"
 
   c.local = ml_collections.ConfigDict()
   c.local.epochs = 5  # E local epochs, each of ceil(n_i / batch_size) SGD steps
@@ -201,6 +204,7 @@ def config_errors(c: ml_collections.ConfigDict) -> list[str]:
         and (not _is_int(c.partition.min_labels) or c.partition.max_labels >= c.partition.min_labels),
         "partition.max_labels", f"an integer >= partition.min_labels ({c.partition.min_labels!r})")
   one_of("model.name", MODELS)
+  one_of("model.init", INITS)
   check(_is_int(c.local.epochs) and c.local.epochs >= 1, "local.epochs", "an integer >= 1")
   check(_is_int(c.local.batch_size) and c.local.batch_size >= 1, "local.batch_size", "an integer >= 1")
   check(_is_number(c.local.lr) and c.local.lr > 0, "local.lr", "a number > 0")

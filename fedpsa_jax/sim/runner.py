@@ -88,7 +88,7 @@ class Simulation:
       if created and not os.listdir(workdir):
         os.rmdir(workdir)  # bad input (e.g. missing data) leaves no empty run directory behind
       raise
-    self.model = get_model(config.model.name, self.dataset.num_classes)
+    self.model = get_model(config.model.name, self.dataset.num_classes, config.model.init)
     init_x = jnp.zeros((1, *self.dataset.input_shape), jnp.float32)
     # Jitted: one compile for the whole init instead of one per initializer and shape (same values).
     params = jax.jit(self.model.init)(seeding.device_key(config.seed, "init"), init_x)
