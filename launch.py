@@ -26,7 +26,6 @@ and one message, no traceback; a diverged run exits with code 1.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import sys
 
@@ -36,8 +35,8 @@ def _force_host_devices(argv: list[str], default: int = 3) -> int:
 
   On a CPU, host devices let clients train at the same time (local.execution=loop); XLA:CPU runs each
   convolution on one core, so one device leaves a core idle. The default 3 is one server device and two
-  client devices, one per core of this 2-core machine: measured with benchmarks/throughput.py, the default
-  job ran 1.7x faster than on 1 device, and the server's steps never wait behind training. On more
+  client devices, one per core of a 2-core machine, so the server's steps never wait behind training
+  (measured: docs/performance.md, benchmarks/throughput.py). On more
   cores, use D = cores + 1. GPU runs are unaffected (their devices are the GPUs). An XLA_FLAGS that
   already sets the count wins.
   """
@@ -64,8 +63,9 @@ from fedpsa_jax import sweep as sweep_lib
 from fedpsa_jax.data.sources import DatasetNotFoundError
 from fedpsa_jax.sim import runner
 
+# Locked once built: `--config.field=value` may change a field but not add one (a typo is an error).
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Run config file[:arg].",
-                                          lock_config=False)
+                                          lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config>-<time>).")
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "profile", "sweep", "report"], "What to do with the config.")
 _EXECUTOR = flags.DEFINE_enum("executor", "local", list(sweep_lib.EXECUTORS),
@@ -95,17 +95,22 @@ def default_workdir(config_path: str) -> str:
 
 
 def resumable_workdir(config_path: str, config: ml_collections.ConfigDict) -> str:
-  """The newest `default_workdir` sibling (same config file and arg, any time) whose config.json is
-  this config (apart from config.RESUMABLE_FIELDS); ConfigError when there is none."""
+  """The newest `default_workdir` sibling (same config file and arg, any time) that holds a run of this
+  config (`config.identity_differences`: the same shared fields and method section); ConfigError when
+  there is none."""
   prefix = os.path.basename(default_workdir(config_path))[:-len("YYYYmmdd-HHMMSS")]
   current = io.config_json(config)
   found = []
   for name in os.listdir("runs") if os.path.isdir("runs") else []:
-    path = os.path.join("runs", name, "config.json")
-    if name.startswith(prefix) and os.path.exists(path):
-      with open(path) as f:
-        if not config_lib.config_differences(json.load(f), current):
-          found.append(os.path.join("runs", name))
+    path = os.path.join("runs", name)
+    if not name.startswith(prefix):
+      continue
+    try:
+      saved = io.read_config(path)
+    except (OSError, ValueError):  # a damaged config.json is not a run to continue
+      continue
+    if saved is not None and not config_lib.identity_differences(saved, current):
+      found.append(path)
   if not found:
     raise config_lib.ConfigError(f"--resume found no run of this config under runs/{prefix}*; allowed: "
                                  "--workdir=DIR of the run to continue, or no --resume for a new run")

@@ -12,21 +12,19 @@ target for non-IID MNIST). The paper runs 400 rounds; 1 virtual day here is ~2,7
 (~35 client updates; ~2 minutes on a busy 2-core CPU, where 0.02 days took 3 minutes and reached 0.65).
 Its lr is 0.05: at the paper's 0.003, plain SGD moves too little in so few updates to show learning.
 
-`arg`: `smoke` and/or comma-separated overrides (`configs/aifed.py:smoke,method=fedbuff`,
-`configs/aifed.py:aifed.variant=almu,aifed.lir=label_number`).
+`arg` (`config.parse_arg`): `smoke` and/or `field=value` overrides, comma-separated in any order
+(`configs/aifed.py:smoke,method=fedbuff`, `configs/aifed.py:aifed.variant=almu,aifed.lir=label_number`).
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax.config import apply_overrides, base_config
+from fedpsa_jax.config import base_config, parse_arg, set_fields
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  items = [item for item in (arg or "").split(",") if item]
-  smoke = "smoke" in items
-  arg = ",".join(item for item in items if item != "smoke")
+  options, overrides = parse_arg(arg, smoke=False)
   c = base_config()
   c.method = "aifed"
   c.data.name = "mnist"
@@ -46,7 +44,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval.target_accuracy = 0.90
   c.aifed.variant = "aifed"
   c.aifed.lir = "entropy"
-  if smoke:
+  if options.smoke:
     c.data.name = "mnist_5k"
     c.data.test_split = "holdout"
     c.local.lr = 0.05
@@ -54,4 +52,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.every_days = 0.003
     c.eval.target_accuracy = 0.5
     c.checkpoint.every_days = 0.0
-  return apply_overrides(c, arg)
+  return set_fields(c, overrides)

@@ -19,16 +19,18 @@ near-IID inside a group (α = 100), 30% slow devices at 5x, 20% local test split
 normalised Laplacian never has (its spectrum lies in [0, 2]); `casa.gamma = 1.0` lets the trigger of
 Eq. 14 fire on the planted groups within the run.
 
-Further `key=value` overrides follow the first item, e.g. `configs/casa.py:smoke,casa.plus=True`.
+`arg` (`config.parse_arg`): `smoke` and/or `field=value` overrides, comma-separated in any order, e.g.
+`configs/casa.py:smoke,casa.plus=True`. Without `smoke`, the model and the time-to-accuracy target follow
+the dataset (`fedpsa_jax.paper.PAPER_MODELS`, `TARGETS`) unless `model=` or `eval.target_accuracy=` is given.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax.config import apply_overrides, base_config, parse_overrides
+from fedpsa_jax.config import base_config, parse_arg, set_fields
+from fedpsa_jax.paper import PAPER_MODELS
 
-PAPER_MODELS = {"mnist": "mnist_cnn", "cifar10": "cifar_cnn", "fashion_mnist": "mnist_cnn", "mnist_5k": "mnist_cnn"}
 TARGETS = {"mnist": 0.95, "cifar10": 0.80}  # the paper's time-to-accuracy targets
 
 
@@ -76,13 +78,12 @@ def smoke_config() -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  first, _, rest = (arg or "").partition(",")
-  if first == "smoke":
-    return apply_overrides(smoke_config(), rest)
-  c = apply_overrides(paper_config(), arg)
-  asked = parse_overrides(arg)
-  if "model.name" not in asked:  # the paper's model and target for the dataset unless asked otherwise
+  options, overrides = parse_arg(arg, smoke=False)
+  if options.smoke:
+    return set_fields(smoke_config(), overrides)
+  c = set_fields(paper_config(), overrides)
+  if "model.name" not in overrides:  # the paper's model and target for the dataset unless asked otherwise
     c.model.name = PAPER_MODELS.get(c.data.name, c.model.name)
-  if "eval.target_accuracy" not in asked:
+  if "eval.target_accuracy" not in overrides:
     c.eval.target_accuracy = TARGETS.get(c.data.name, c.eval.target_accuracy)
   return c

@@ -4,18 +4,19 @@
 times uniform on [10, 500], concurrency 20%, evaluation every 0.01 virtual day, and a budget short
 enough that `make run` takes a few minutes on a 2-core CPU.
 
-`arg`: optional comma-separated overrides key=value of the most common fields, e.g.
-`configs/default.py:method=fedbuff`.
+`arg` (`config.parse_arg`): comma-separated `field=value` overrides of any dotted field or short name,
+e.g. `configs/default.py:method=fedbuff` or `configs/default.py:model=linear,local.lr=0.05`.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax.config import base_config, apply_overrides
+from fedpsa_jax.config import base_config, parse_arg, set_fields
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  _, overrides = parse_arg(arg)
   c = base_config()
   c.method = "fedpsa"
   c.data.name = "mnist_5k"
@@ -25,4 +26,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.partition.num_clients = 50
   c.sim.virtual_days = 0.08  # ~250 client updates: about 1.4 minutes on 2 CPU cores (~3 updates/s)
   c.eval.every_days = 0.01
-  return apply_overrides(c, arg)
+  return set_fields(c, overrides)

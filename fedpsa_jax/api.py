@@ -20,7 +20,6 @@ import copy
 import dataclasses
 import importlib.util
 import json
-import math
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -34,9 +33,6 @@ from fedpsa_jax.sim import runner
 # Relative config paths that do not exist from the working directory are looked up from here, so that a
 # notebook in notebooks/ can say "configs/default.py" as the command line does from the repository root.
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# How io writes non-finite floats (str(value)); read back, they become floats again.
-_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
 # --- configs -----------------------------------------------------------------------------------------
@@ -57,21 +53,6 @@ def _load_config_file(spec: str) -> ml_collections.ConfigDict:
   if not hasattr(module, "get_config"):
     raise ValueError(f"config file {path!r} has no get_config(arg) function")
   return module.get_config(arg or None)
-
-
-def _set_field(c: ml_collections.ConfigDict, path: str, value: Any) -> None:
-  """Sets one dotted field, with the same rules as `config.apply_overrides` (unknown field: error)."""
-  node = c
-  *parents, leaf = path.split(".")
-  for part in parents:
-    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-      raise ValueError(f"config field {path!r} does not exist")
-    node = node[part]
-  if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
-    raise ValueError(f"config field {path!r} does not exist")
-  if isinstance(node[leaf], float) and isinstance(value, int) and not isinstance(value, bool):
-    value = float(value)  # `virtual_days=1` should not fail ConfigDict's type check on a float field
-  node[leaf] = value
 
 
 def _add_missing_sections(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -96,12 +77,14 @@ def config_from(source: str | ml_collections.ConfigDict | None = None,
   `'configs/default.py'` or `'configs/default.py:method=fedbuff,alpha=0.5'` (relative paths are tried
   from the working directory, then from the repository root); or an existing ConfigDict, which is
   copied, never changed.
-  `overrides`: a dict of dotted fields (`{'sim.virtual_days': 0.05}`) or a `'key=value,...'` string as
-  after the colon of a config file. `**fields`: more overrides as keywords, `__` standing for a dot
-  (`sim__virtual_days=0.05`). The short names of `config.OVERRIDE_ALIASES` work everywhere (`alpha`,
-  `dataset`, `model`, `num_clients`, `virtual_days`, `concurrency`).
+  `overrides`: a dict of dotted fields (`{'sim.virtual_days': 0.05}`) or a `'key=value,...'` string of
+  fields as after the colon of a config file (`config.parse_arg`). `**fields`: more overrides as
+  keywords, `__` standing for a dot (`sim__virtual_days=0.05`). The short names of
+  `config.OVERRIDE_ALIASES` work everywhere (`alpha`, `dataset`, `model`, `num_clients`, `virtual_days`,
+  `concurrency`). They are set with `config.set_fields`.
 
-  An unknown field raises ValueError at once; values are validated when the config is run.
+  An unknown field raises ConfigError (a ValueError) at once, naming it; values are validated when the
+  config is run.
   """
   if source is None:
     c = config_lib.base_config()
@@ -111,12 +94,10 @@ def config_from(source: str | ml_collections.ConfigDict | None = None,
     c = _load_config_file(source)
   _add_missing_sections(c)
   if isinstance(overrides, str):
-    overrides = config_lib.parse_overrides(overrides)
+    overrides = config_lib.parse_arg(overrides)[1]
   items = dict(overrides or {})
   items.update({key.replace("__", "."): value for key, value in fields.items()})
-  for key, value in items.items():
-    _set_field(c, config_lib.OVERRIDE_ALIASES.get(key, key), value)
-  return c
+  return config_lib.set_fields(c, {config_lib.OVERRIDE_ALIASES.get(k, k): v for k, v in items.items()})
 
 
 def _prepared(config: ml_collections.ConfigDict, progress: bool) -> ml_collections.ConfigDict:
@@ -130,18 +111,10 @@ def _prepared(config: ml_collections.ConfigDict, progress: bool) -> ml_collectio
 # --- histories ---------------------------------------------------------------------------------------
 
 
-def _restore_non_finite(value: Any) -> Any:
-  """io writes NaN/Inf as strings (JSON has none); turn them back into floats, inside lists too (κ)."""
-  if isinstance(value, str) and value in _NON_FINITE:
-    return _NON_FINITE[value]
-  if isinstance(value, list):
-    return [_restore_non_finite(v) for v in value]
-  return value
-
-
 def _normalised(record: dict) -> dict:
-  """A record exactly as it reads back from a JSON line, so in-memory and on-disk histories agree."""
-  return {k: _restore_non_finite(v) for k, v in json.loads(json.dumps(io._jsonable(record))).items()}
+  """A record exactly as it reads back from a JSON line (io's codec both ways), so in-memory and on-disk
+  histories agree."""
+  return io.from_json(json.loads(json.dumps(io.to_json(record))))
 
 
 # events.jsonl's line type and the runner's own columns first, in this order; then the strategy's
@@ -186,7 +159,7 @@ class RunResult:
     `type='round'`); empty unless the run had a workdir and `output.events=True`."""
     if not self.workdir:
       return pd.DataFrame()
-    return _frame(io.read_jsonl(os.path.join(self.workdir, "events.jsonl")))
+    return _frame(io.read_events(self.workdir))
 
   def plot(self, ax: Any = None, x: str = "day", y: str = "test_accuracy", **kwargs: Any) -> Any:
     """Draws `y` against `x` from the history (the learning curve by default) on `ax` (a new figure if
@@ -229,19 +202,11 @@ def load_run(workdir: str | os.PathLike, label: str | None = None) -> RunResult:
   Reads metrics.jsonl (required), summary.json and config.json (empty / None when absent, e.g. for a
   run that is still going or was killed before writing them).
   """
-  metrics_path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(metrics_path):
-    raise FileNotFoundError(f"{workdir!r} is not a run directory: it has no metrics.jsonl")
-  summary_path, config_path = os.path.join(workdir, "summary.json"), os.path.join(workdir, "config.json")
-  summary = {}
-  if os.path.exists(summary_path):
-    with open(summary_path) as f:
-      summary = {k: _restore_non_finite(v) for k, v in json.load(f).items()}
-  config = None
-  if os.path.exists(config_path):
-    with open(config_path) as f:
-      config = ml_collections.ConfigDict(json.load(f))
-  return RunResult(history=_frame(io.read_jsonl(metrics_path)), summary=summary, config=config,
+  if not os.path.exists(os.path.join(workdir, io.METRICS_FILE)):
+    raise FileNotFoundError(f"{workdir!r} is not a run directory: it has no {io.METRICS_FILE}")
+  record = io.read_run(workdir, events=False)  # (RunResult.events reads them when asked)
+  config = ml_collections.ConfigDict(record.config) if record.config is not None else None
+  return RunResult(history=_frame(record.metrics), summary=record.summary or {}, config=config,
                    workdir=os.fspath(workdir), label=label or "")
 
 
@@ -301,7 +266,7 @@ class Explorer:
 
   @property
   def strategy(self) -> strategies.Strategy:
-    """The strategy object of this run (its hooks: `diagnostics`, `client_payload`, `eval_params`...)."""
+    """The strategy object of this run (its hooks: `diagnostics`, `client`, `eval_models`...)."""
     return self.simulation.strategy
 
   @property
@@ -311,8 +276,8 @@ class Explorer:
 
   @property
   def params(self) -> Any:
-    """The global parameters the test set is evaluated on now (`strategy.eval_params(state)`)."""
-    return self.simulation.strategy.eval_params(self.simulation.state)
+    """The global parameters the test set is evaluated on now (`strategy.eval_models(state).params`)."""
+    return self.simulation.strategy.eval_models(self.simulation.state).params
 
   @property
   def day(self) -> float:

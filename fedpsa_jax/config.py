@@ -1,44 +1,67 @@
-"""The run config: every field with its meaning, and validation before any work starts.
+"""The run config: every field with its meaning, validation, the `:arg` grammar, and a run's identity.
 
-`base_config()` is the single place where fields are defined; config files under `configs/` start
-from it and change values. Each strategy adds its own section (`config.<method>`) through its
-`default_config()`, so a new algorithm brings its hyperparameters with it.
+- `base_config()` is the single place where fields are defined; config files under `configs/` start from
+  it and change values. Each strategy adds its own section (`config.<method>`) through its
+  `default_config()`, so a new algorithm brings its hyperparameters with it.
+- `config_errors` / `validate`: a table of `(field, validator)` rows (`fedpsa_jax.validation`) and the
+  few checks that relate two fields; every message names the field, the value and what is allowed.
+- `set_fields(c, {dotted: value})`: the one way to set fields (command-line args, the notebook API,
+  sweep axes); an unknown field is an error naming it.
+- `parse_arg(arg, **spec)`: the one grammar of a config file's `:arg` (`configs/paper/table1.py:smoke,seeds=3`,
+  `configs/default.py:method=fedbuff,local.lr=0.05`).
+- `run_identity` / `identity_differences`: what must be equal for a run directory, a checkpoint or a
+  finished sweep member to belong to a config: the shared sections and the run's own method section,
+  never the other methods' sections, and not `RESUMABLE_FIELDS`.
+
+Imports point one way: this module needs only the standard library, ml_collections and the leaf modules
+`errors`, `validation` and `choices`. The strategy registry (which imports JAX) is looked up when a config
+is built or validated, not when this module is imported, so that `io`, `sweep` and `report` import without
+JAX.
 """
 
 from __future__ import annotations
 
-import math
+import ast
+import difflib
 import os
+from typing import Any, Mapping
 
 import ml_collections
 
-from fedpsa_jax import strategies
-from fedpsa_jax.data.calibration import CALIBRATION_KINDS
-from fedpsa_jax.data.partition import PARTITIONERS
-from fedpsa_jax.data.sources import DATASETS, TEST_SPLITS
-from fedpsa_jax.models import INITS, MODELS
-from fedpsa_jax.sensitivity import FISHER_METHODS
-from fedpsa_jax.sim.executor import EXECUTIONS
+from fedpsa_jax import choices
+from fedpsa_jax.errors import ConfigError  # (re-exported: `config.ConfigError` is the same class)
+from fedpsa_jax.validation import (Validator, boolean, error, field_errors, integer, is_integer, number, one_of,
+                                   sequence_of)
 
 UNITS_PER_DAY = 86_400  # FLGo's virtual day, in atomic time units
-LATENCY_DISTRIBUTIONS = ("uniform", "long_tail")
-LATENCY_RESAMPLING = ("fixed", "per_dispatch")
-LOCAL_LOOPS = ("auto", "unrolled", "rolled")
-# Fields that may differ between a run directory's config.json and the config that resumes it: they
-# change neither the run's trajectory nor its outputs up to the checkpoint. `sim.virtual_days` may grow
-# (to extend a finished run) but not fall below the time of the checkpoint resumed from;
+# (kept here for existing imports; the vocabularies live in fedpsa_jax/choices.py)
+LATENCY_DISTRIBUTIONS = choices.LATENCY_DISTRIBUTIONS
+LATENCY_RESAMPLING = choices.LATENCY_RESAMPLING
+LOCAL_LOOPS = choices.LOCAL_LOOPS
+# Fields that may differ between a run directory's config and the config that continues it, or that
+# counts it as a finished sweep member: they change neither the run's trajectory nor its outputs up to the
+# checkpoint. `sim.virtual_days` may grow (to extend a finished run) but not fall below the time of the
+# checkpoint resumed from, and a sweep member is only done at its own budget (`sweep.is_done`);
 # `data.data_dir` only says where the same prepared data now lives.
 RESUMABLE_FIELDS = ("sim.virtual_days", "output.progress", "checkpoint.every_days", "checkpoint.keep",
                     "data.data_dir")
 
 
-class ConfigError(ValueError):
-  """Bad input found before any training: a config value, the workdir, or a resume that cannot be."""
+def _strategies() -> dict[str, Any]:
+  """{name: Strategy class} of every registered strategy.
+
+  Imported when called, not with this module: the strategies import JAX, and the config sits below them
+  (a plug-in registry, looked up at the moment a config is built, validated or compared)."""
+  from fedpsa_jax import strategies
+
+  strategies.load_all()
+  return strategies.registered()
 
 
 def base_config() -> ml_collections.ConfigDict:
-  """All fields with their defaults (the paper's Sec. 6.1 values where the paper gives one)."""
-  strategies.load_all()
+  """All fields with their defaults (the paper's Sec. 6.1 values where the paper gives one), and one
+  section per registered strategy (`config.<method>`, from its `default_config()`)."""
+  strategies = _strategies()
   c = ml_collections.ConfigDict()
   c.method = "fedpsa"  # the strategy: one of fedpsa_jax.strategies.registered()
   c.seed = 0  # the run seed; every random stream is derived from it by purpose (seeding.py)
@@ -129,7 +152,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint.every_days = 0.5
   c.checkpoint.keep = 3  # most recent checkpoints kept; >= 2 leaves a fallback if the newest is corrupt
 
-  for name, cls in sorted(strategies.registered().items()):
+  for name, cls in sorted(strategies.items()):
     c[name] = cls.default_config()
   return c
 
@@ -147,108 +170,90 @@ def concurrency(config: ml_collections.ConfigDict) -> int:
   return max(1, int(config.partition.num_clients * config.sim.concurrency))
 
 
-def _is_number(v) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+# --- validation --------------------------------------------------------------------------------------
+
+# Every shared field with what it allows. Fields that relate to another one are checked in
+# `_cross_field_errors`; the method's own section by its strategy's `validate_config`.
+FIELD_RULES: tuple[tuple[str, Validator], ...] = (
+    ("seed", integer(ge=0)),
+    ("stop_on_nan", boolean),
+    ("data.name", one_of(choices.DATASETS)),
+    ("data.test_split", one_of(choices.TEST_SPLITS)),
+    ("data.holdout_fraction", number(gt=0, lt=1)),
+    ("data.client_test_fraction", number(ge=0, lt=1, note="0: no local test splits")),
+    ("partition.method", one_of(choices.PARTITIONERS)),
+    ("partition.group_proportions", sequence_of(number(gt=0), min_len=1)),
+    ("partition.alpha", number(gt=0)),
+    ("partition.num_clients", integer(ge=1)),
+    ("partition.min_labels", integer(ge=1)),
+    ("partition.max_labels", integer(ge=1)),
+    ("model.name", one_of(choices.MODELS)),
+    ("model.init", one_of(choices.INITS)),
+    ("local.epochs", integer(ge=1)),
+    ("local.batch_size", integer(ge=1)),
+    ("local.lr", number(gt=0)),
+    ("local.lr_decay", number(gt=0, le=1)),
+    ("local.loop", one_of(choices.LOCAL_LOOPS)),
+    ("local.execution", one_of(choices.EXECUTIONS)),
+    ("local.max_unroll", integer(ge=1)),
+    ("sim.virtual_days", number(gt=0)),
+    ("sim.concurrency", number(gt=0, le=1)),
+    ("sim.latency.distribution", one_of(choices.LATENCY_DISTRIBUTIONS)),
+    ("sim.latency.resample", one_of(choices.LATENCY_RESAMPLING)),
+    ("sim.latency.low", integer(ge=1)),
+    ("sim.latency.high", integer(ge=1)),
+    ("sim.latency.shape", number(gt=0)),
+    ("sim.latency.slow_fraction", number(ge=0, le=1, note="0: no slow devices")),
+    ("sim.latency.slow_factor", number(ge=1)),
+    ("sensitivity.calibration", one_of(choices.CALIBRATION_KINDS)),
+    ("sensitivity.fisher", one_of(choices.FISHER_METHODS)),
+    ("sensitivity.calibration_size", integer(ge=1)),
+    ("sensitivity.sketch_dim", integer(ge=1)),
+    ("sensitivity.chunk_size", integer(ge=1)),
+    ("eval.every_days", number(gt=0)),
+    ("eval.batch_size", integer(ge=1)),
+    ("eval.every_round", boolean),
+    ("eval.alignment_batch_size", integer(ge=1)),
+    ("eval.target_accuracy", number(ge=0, le=1, note="0: off")),
+    ("output.events", boolean),
+    ("output.progress", boolean),
+    ("checkpoint.every_days", number(ge=0, note="0: checkpoint only at the end")),
+    ("checkpoint.keep", integer(ge=1)),
+)
 
 
-def _is_int(v) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool)
-
-
-def config_errors(c: ml_collections.ConfigDict) -> list[str]:
-  """Every problem of a config, each naming the field, the value and what is allowed."""
-  strategies.load_all()
-  errors: list[str] = []
-
-  def check(ok: bool, field: str, allowed: str) -> None:
-    if not ok:
-      value = c
-      for part in field.split("."):
-        value = value.get(part) if isinstance(value, ml_collections.ConfigDict) else None
-      errors.append(f"{field}={value!r} is invalid; allowed: {allowed}")
-
-  def one_of(field: str, options) -> None:
-    value = c
-    for part in field.split("."):
-      value = value.get(part)
-    check(value in options, field, ", ".join(map(str, sorted(options))))
-
-  methods = strategies.registered()
-  one_of("method", methods)
-  check(_is_int(c.seed) and c.seed >= 0, "seed", "an integer >= 0")
-  check(isinstance(c.stop_on_nan, bool), "stop_on_nan", "True, False")
-  one_of("data.name", DATASETS)
-  one_of("data.test_split", TEST_SPLITS)
-  check(
-      c.data.test_split != "official" or c.data.name not in ("mnist_5k", "synthetic"),
-      "data.test_split",
-      "holdout for the embedded datasets (they have no official test split)",
-  )
-  check(_is_number(c.data.holdout_fraction) and 0 < c.data.holdout_fraction < 1,
-        "data.holdout_fraction", "a number in (0, 1)")
-  check(_is_number(c.data.client_test_fraction) and 0 <= c.data.client_test_fraction < 1,
-        "data.client_test_fraction", "a number in [0, 1) (0: no local test splits)")
-  one_of("partition.method", PARTITIONERS)
-  props = c.partition.group_proportions
-  check(isinstance(props, (tuple, list)) and len(props) >= 1 and all(_is_number(p) and p > 0 for p in props)
-        and (c.partition.method != "label_groups" or not _is_int(c.partition.num_clients)
-             or len(props) <= c.partition.num_clients),
-        "partition.group_proportions", "a non-empty tuple of numbers > 0 (label_groups: at most "
-        "partition.num_clients groups, and at most the number of labels)")
-  check(_is_number(c.partition.alpha) and c.partition.alpha > 0, "partition.alpha", "a number > 0")
-  check(_is_int(c.partition.num_clients) and c.partition.num_clients >= 1,
-        "partition.num_clients", "an integer >= 1")
-  check(_is_int(c.partition.min_labels) and c.partition.min_labels >= 1, "partition.min_labels",
-        "an integer >= 1")
-  check(_is_int(c.partition.max_labels) and c.partition.max_labels >= 1
-        and (not _is_int(c.partition.min_labels) or c.partition.max_labels >= c.partition.min_labels),
-        "partition.max_labels", f"an integer >= partition.min_labels ({c.partition.min_labels!r})")
-  one_of("model.name", MODELS)
-  one_of("model.init", INITS)
-  check(_is_int(c.local.epochs) and c.local.epochs >= 1, "local.epochs", "an integer >= 1")
-  check(_is_int(c.local.batch_size) and c.local.batch_size >= 1, "local.batch_size", "an integer >= 1")
-  check(_is_number(c.local.lr) and c.local.lr > 0, "local.lr", "a number > 0")
-  check(_is_number(c.local.lr_decay) and 0 < c.local.lr_decay <= 1, "local.lr_decay", "a number in (0, 1]")
-  one_of("local.loop", LOCAL_LOOPS)
-  one_of("local.execution", EXECUTIONS)
-  check(_is_int(c.local.max_unroll) and c.local.max_unroll >= 1, "local.max_unroll", "an integer >= 1")
-  check(_is_number(c.sim.virtual_days) and c.sim.virtual_days > 0, "sim.virtual_days", "a number > 0")
-  check(_is_number(c.sim.concurrency) and 0 < c.sim.concurrency <= 1, "sim.concurrency",
-        "a number in (0, 1]")
-  lat = c.sim.latency
-  one_of("sim.latency.distribution", LATENCY_DISTRIBUTIONS)
-  one_of("sim.latency.resample", LATENCY_RESAMPLING)
-  check(_is_int(lat.low) and lat.low >= 1, "sim.latency.low", "an integer >= 1")
-  check(_is_int(lat.high) and _is_int(lat.low) and lat.high >= lat.low, "sim.latency.high",
-        f"an integer >= sim.latency.low ({lat.low!r})")
-  check(_is_number(lat.shape) and lat.shape > 0, "sim.latency.shape", "a number > 0")
-  check(_is_number(lat.slow_fraction) and 0 <= lat.slow_fraction <= 1, "sim.latency.slow_fraction",
-        "a number in [0, 1] (0: no slow devices)")
-  check(_is_number(lat.slow_factor) and lat.slow_factor >= 1, "sim.latency.slow_factor", "a number >= 1")
-  s = c.sensitivity
-  one_of("sensitivity.calibration", CALIBRATION_KINDS)
-  one_of("sensitivity.fisher", FISHER_METHODS)
-  check(_is_int(s.calibration_size) and s.calibration_size >= 1, "sensitivity.calibration_size",
-        "an integer >= 1")
-  check(_is_int(s.sketch_dim) and s.sketch_dim >= 1, "sensitivity.sketch_dim", "an integer >= 1")
-  check(_is_int(s.chunk_size) and s.chunk_size >= 1, "sensitivity.chunk_size", "an integer >= 1")
-  check(_is_number(c.eval.every_days) and c.eval.every_days > 0, "eval.every_days", "a number > 0")
-  check(_is_int(c.eval.batch_size) and c.eval.batch_size >= 1, "eval.batch_size", "an integer >= 1")
-  check(isinstance(c.eval.every_round, bool), "eval.every_round", "True, False")
-  check(_is_int(c.eval.alignment_batch_size) and c.eval.alignment_batch_size >= 1, "eval.alignment_batch_size",
-        "an integer >= 1")
-  check(_is_number(c.eval.target_accuracy) and 0 <= c.eval.target_accuracy <= 1, "eval.target_accuracy",
-        "a number in [0, 1] (0: off)")
-  check(isinstance(c.output.events, bool), "output.events", "True, False")
-  check(isinstance(c.output.progress, bool), "output.progress", "True, False")
-  check(_is_number(c.checkpoint.every_days) and c.checkpoint.every_days >= 0, "checkpoint.every_days",
-        "a number >= 0 (0: checkpoint only at the end)")
-  check(_is_int(c.checkpoint.keep) and c.checkpoint.keep >= 1, "checkpoint.keep", "an integer >= 1")
-  if c.method in methods:
-    errors += methods[c.method].validate_config(c)
+def _cross_field_errors(c: ml_collections.ConfigDict) -> list[str]:
+  """The checks that relate two fields (each reported once the fields themselves are valid)."""
+  errors = []
+  if c.data.test_split == "official" and c.data.name in ("mnist_5k", "synthetic"):
+    errors.append(error("data.test_split", c.data.test_split,
+                        "holdout for the embedded datasets (they have no official test split)"))
+  props, n = c.partition.group_proportions, c.partition.num_clients
+  if (c.partition.method == "label_groups" and isinstance(props, (tuple, list)) and is_integer(n)
+      and len(props) > n):
+    errors.append(error("partition.group_proportions", props,
+                        f"at most partition.num_clients ({n}) groups with partition.method='label_groups' "
+                        "(and at most the number of labels)"))
+  low, high = c.partition.min_labels, c.partition.max_labels
+  if is_integer(low) and is_integer(high) and high < low:
+    errors.append(error("partition.max_labels", high, f"an integer >= partition.min_labels ({low!r})"))
+  low, high = c.sim.latency.low, c.sim.latency.high
+  if is_integer(low) and is_integer(high) and high < low:
+    errors.append(error("sim.latency.high", high, f"an integer >= sim.latency.low ({low!r})"))
   if c.data.data_dir is not None and not os.path.isdir(c.data.data_dir):
     errors.append(f"data.data_dir={c.data.data_dir!r} is not a directory; allowed: an existing "
                   "directory holding prepared tfds datasets, or None for tfds' default")
+  return errors
+
+
+def config_errors(c: ml_collections.ConfigDict) -> list[str]:
+  """Every problem of a config, each naming the field, the value and what is allowed: the rows of
+  `FIELD_RULES`, the cross-field checks, and the active method's own `validate_config`."""
+  methods = _strategies()
+  errors = field_errors(c, (("method", one_of(methods)),) + FIELD_RULES)
+  errors += _cross_field_errors(c)
+  if c.method in methods:
+    errors += methods[c.method].validate_config(c)
   return errors
 
 
@@ -261,67 +266,205 @@ def validate(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return c
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, object]:
-  out: dict[str, object] = {}
+# --- setting fields ----------------------------------------------------------------------------------
+
+# Short names accepted beside any dotted field path in a config file's `:arg` and in the notebook API.
+OVERRIDE_ALIASES = {"dataset": "data.name", "alpha": "partition.alpha", "model": "model.name",
+                    "num_clients": "partition.num_clients", "virtual_days": "sim.virtual_days",
+                    "concurrency": "sim.concurrency"}
+
+
+def _leaf_paths(node: Any, prefix: str = "") -> list[str]:
+  out = []
+  for key in node.keys():
+    value = node[key]
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      out += _leaf_paths(value, f"{prefix}{key}.")
+    else:
+      out.append(f"{prefix}{key}")
+  return out
+
+
+def _unknown_field(c: ml_collections.ConfigDict, path: str) -> ConfigError:
+  near = difflib.get_close_matches(path, _leaf_paths(c) + list(OVERRIDE_ALIASES), n=1, cutoff=0.75)
+  hint = f"; did you mean {near[0]!r}?" if near else "; allowed: a field of fedpsa_jax.config.base_config()"
+  return ConfigError(f"config field {path!r} does not exist{hint}")
+
+
+def set_fields(c: ml_collections.ConfigDict, fields: Mapping[str, Any], *,
+               typed: bool = True) -> ml_collections.ConfigDict:
+  """Sets each dotted field of `fields` (`{'sim.virtual_days': 0.1}`) on `c`, in place; returns `c`.
+
+  Only existing fields can be set (a locked config stays locked): an unknown one raises ConfigError
+  naming it, with the nearest field name when there is one. An int given for a float field becomes a
+  float (`virtual_days=1`); a value of another type raises ConfigError unless `typed=False` (tests that
+  feed validation a wrong type on purpose).
+  """
+  for path, value in fields.items():
+    node = c
+    *parents, leaf = path.split(".")
+    for part in parents:
+      if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+        raise _unknown_field(c, path)
+      node = node[part]
+    if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+      raise _unknown_field(c, path)
+    if not typed:
+      with node.unlocked():  # replaced, not assigned: ConfigDict would store True as 1.0 in a float field
+        del node[leaf]
+        node[leaf] = value
+      continue
+    old = node[leaf]
+    try:
+      if isinstance(value, bool) and not isinstance(old, bool) and isinstance(old, (int, float)):
+        raise TypeError  # (ConfigDict would take True as 1 or 1.0)
+      node[leaf] = value  # (ConfigDict itself turns an int into a float for a float field)
+    except TypeError:
+      kind = f"type {type(old).__name__}" if old is not None else "the field's type"
+      raise ConfigError(f"config field {path}={value!r} is invalid; allowed: a value of {kind}, like its "
+                        f"default {old!r}") from None
+  return c
+
+
+# --- the `:arg` grammar --------------------------------------------------------------------------------
+
+
+def _split_items(arg: str) -> list[str]:
+  """Splits at the commas that are not inside brackets or quotes (`partition.group_proportions=(0.5,0.5)`
+  is one item)."""
+  items, depth, quote, current = [], 0, "", []
+  for ch in arg:
+    if quote:
+      quote = "" if ch == quote else quote
+    elif ch in "'\"":
+      quote = ch
+    elif ch in "([{":
+      depth += 1
+    elif ch in ")]}":
+      depth -= 1
+    elif ch == "," and depth == 0:
+      items.append("".join(current))
+      current = []
+      continue
+    current.append(ch)
+  items.append("".join(current))
+  return [item.strip() for item in items if item.strip()]
+
+
+def _literal(raw: str) -> Any:
+  """A Python literal (`0.5`, `True`, `(1, 2)`, `'x'`), else the text itself (`fedbuff`)."""
+  try:
+    return ast.literal_eval(raw)
+  except (ValueError, SyntaxError):
+    return raw
+
+
+def _option_rule(default: Any) -> Validator:
+  if isinstance(default, bool):
+    return boolean
+  if isinstance(default, int):
+    return integer()
+  if isinstance(default, float):
+    return number()
+  return Validator(lambda v: isinstance(v, str), "text")
+
+
+def parse_arg(arg: str | None, **spec: Any) -> tuple[ml_collections.ConfigDict, dict[str, Any]]:
+  """The one grammar of a config file's `:arg` (after big_vision's `configs/common.py parse_arg`).
+
+  `arg` holds comma-separated items in any order:
+  - the named options of `spec`: `name=default` declares one (`smoke=False` a switch that a bare `smoke`
+    turns on, `seeds=1` an integer given as `seeds=3`); `name=(default, validator)` checks its value with a
+    `fedpsa_jax.validation` validator;
+  - `field=value` for any dotted run-config field (`local.lr=0.05`, `fedpsa.gamma=2.0`) or a short name of
+    `OVERRIDE_ALIASES` (`alpha=0.5`, `dataset=cifar10`); values are Python literals, else text.
+
+  Returns (the options as a ConfigDict: `spec`'s defaults with the given values, the overrides
+  `{dotted field: value}` to apply with `set_fields`, which rejects unknown fields). Any other item raises
+  ConfigError naming the allowed ones.
+  """
+  rules = {name: (value if isinstance(value, tuple) else (value, _option_rule(value))) for name, value in spec.items()}
+  options = ml_collections.ConfigDict({name: default for name, (default, _) in rules.items()})
+  overrides: dict[str, Any] = {}
+  for item in _split_items(arg or ""):
+    key, eq, raw = (s.strip() for s in item.partition("="))
+    if key in rules:
+      default, rule = rules[key]
+      value = _literal(raw) if eq else (True if rule is boolean else None)
+      if not rule(value):
+        raise ConfigError(f"config argument {item!r} is invalid; allowed: {_option_words(key, rule)}")
+      options[key] = value
+    elif eq:
+      overrides[OVERRIDE_ALIASES.get(key, key)] = _literal(raw)
+    else:
+      near = difflib.get_close_matches(key, list(rules), n=1)
+      allowed = ", ".join([*(_option_words(k, r) for k, (_, r) in rules.items()),
+                           "field=value (a dotted config field, e.g. local.lr=0.05, or one of "
+                           f"{', '.join(sorted(OVERRIDE_ALIASES))})"])
+      hint = f" (did you mean {near[0]!r}?)" if near else ""
+      raise ConfigError(f"config argument {item!r} is invalid{hint}; allowed: {allowed}; comma-separated, "
+                        "in any order")
+  return options, overrides
+
+
+def _option_words(name: str, rule: Validator) -> str:
+  return name if rule is boolean else f"{name}=<{rule.allowed}>"
+
+
+# --- a run's identity ----------------------------------------------------------------------------------
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  out: dict[str, Any] = {}
   for k, v in d.items():
-    if isinstance(v, dict):
+    if isinstance(v, Mapping):
       out.update(_flatten(v, f"{prefix}{k}."))
     else:
       out[f"{prefix}{k}"] = v
   return out
 
 
-def config_differences(saved: dict, current: dict, ignore: tuple[str, ...] = RESUMABLE_FIELDS) -> list[str]:
-  """`'field: saved -> current'` for every field (dotted path, sorted) whose value differs between two
-  configs given as JSON-like dicts, leaving out `ignore`. A field only one of them has counts as
-  different (shown as <absent>)."""
-  a, b = _flatten(saved), _flatten(current)
+def _differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+  """`'field: a -> b'` for every key of two flat dicts whose values differ (absent: <absent>), sorted."""
   out = []
   for key in sorted(set(a) | set(b)):
-    if key in ignore:
-      continue
     va, vb = a.get(key, "<absent>"), b.get(key, "<absent>")
     if va != vb:
       out.append(f"{key}: {va!r} -> {vb!r}")
   return out
 
 
-# Short names accepted in a config file's `:arg` string, beside any dotted field path.
-OVERRIDE_ALIASES = {"dataset": "data.name", "alpha": "partition.alpha", "model": "model.name",
-                    "num_clients": "partition.num_clients", "virtual_days": "sim.virtual_days",
-                    "concurrency": "sim.concurrency"}
+def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
+                       ignore: tuple[str, ...] = ()) -> list[str]:
+  """`'field: saved -> current'` for every field (dotted path, sorted) whose value differs between two
+  configs given as JSON-like dicts, leaving out `ignore`; a field only one of them has counts as
+  different (shown as <absent>). The whole config: for "is this the same run?" use
+  `identity_differences`."""
+  a, b = _flatten(saved), _flatten(current)
+  return _differences({k: v for k, v in a.items() if k not in ignore}, {k: v for k, v in b.items() if k not in ignore})
 
 
-def parse_overrides(arg: str | None) -> dict[str, object]:
-  """`'method=fedbuff,alpha=0.5'` -> {'method': 'fedbuff', 'partition.alpha': 0.5} (Python literals
-  are parsed, anything else stays a string)."""
-  import ast
-
-  out: dict[str, object] = {}
-  for item in filter(None, (arg or "").split(",")):
-    if "=" not in item:
-      raise ValueError(f"config argument {item!r} is invalid; allowed: key=value pairs separated by commas")
-    key, raw = (s.strip() for s in item.split("=", 1))
-    try:
-      value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-      value = raw
-    out[OVERRIDE_ALIASES.get(key, key)] = value
-  return out
+def method_sections() -> frozenset[str]:
+  """The names of the per-method sections: one per registered strategy."""
+  return frozenset(_strategies())
 
 
-def apply_overrides(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
-  """Sets each `key=value` of `arg` on `c`; an unknown field is an error naming it."""
-  for path, value in parse_overrides(arg).items():
-    node = c
-    *parents, leaf = path.split(".")
-    for part in parents:
-      if part not in node:
-        raise ValueError(f"config field {path!r} does not exist")
-      node = node[part]
-    if leaf not in node:
-      raise ValueError(f"config field {path!r} does not exist")
-    if isinstance(node[leaf], float) and isinstance(value, int) and not isinstance(value, bool):
-      value = float(value)
-    node[leaf] = value
-  return c
+def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
+  """What makes a run this run, as a flat {dotted field: value}: every field of the config (JSON form,
+  `io.config_json`) except the other methods' sections and `RESUMABLE_FIELDS`.
+
+  A section counts as shared unless it is another registered method's, so a section this code does not
+  know stays part of the identity. Adding a field to CASA's section thus changes no FedPSA run."""
+  others = method_sections() - {config.get("method")}
+  return {k: v for k, v in _flatten(config).items() if k.split(".", 1)[0] not in others and k not in RESUMABLE_FIELDS}
+
+
+def identity_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+  """`'field: saved -> current'` for every field of `run_identity` that differs: empty when `current`
+  may continue (or skip) the run `saved` describes. Two runs of different methods show only the
+  `method` line and the shared fields (their sections are not comparable)."""
+  a, b = run_identity(saved), run_identity(current)
+  if saved.get("method") != current.get("method"):
+    own = {saved.get("method"), current.get("method")}
+    a, b = ({k: v for k, v in d.items() if k.split(".", 1)[0] not in own} for d in (a, b))
+  return _differences(a, b)

@@ -1,14 +1,25 @@
 """The run directory (DESIGN §6): config.json, metrics.jsonl, events.jsonl, summary.json, checkpoints/.
 
-Lines are appended and flushed one at a time and summary.json is replaced atomically, so a run that
-dies leaves every line it wrote readable. A checkpoint records the byte size of metrics.jsonl and
-events.jsonl when it was taken; resuming truncates them back to it (`RunDir.truncate`), so lines
-written after the checkpoint, and a line cut off by a kill, are neither duplicated nor left behind.
-`check_workdir` vets a workdir before any work: writable, and not holding a run of another config.
+Writing: `RunDir` appends and flushes lines one at a time and replaces summary.json atomically, so a run
+that dies leaves every line it wrote readable. A checkpoint records the byte size of metrics.jsonl and
+events.jsonl when it was taken; resuming truncates them back to it (`RunDir.truncate`), so lines written
+after the checkpoint, and a line cut off by a kill, are neither duplicated nor left behind.
+`check_workdir` vets a workdir before any work: writable, and not holding another run.
+
+Reading: `read_run` (or `read_config`, `read_summary`, `read_metrics`, `read_events`) is the one reader
+of a run directory; the notebook API, sweeps, reports, figures and resume all read through it.
+
+JSON has no NaN or infinities: `to_json` writes non-finite floats as the strings "nan", "inf", "-inf"
+and `from_json` turns them back into floats, at any depth (lists of κ, nested dicts). Every file here
+goes through that one codec. config.json is the exception on the way back: `read_config` returns it as
+written (JSON form, like `config_json`), the form in which configs are compared.
+
+This module imports neither JAX nor the simulator.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import math
@@ -18,53 +29,118 @@ from typing import Any, Iterable
 import ml_collections
 
 from fedpsa_jax import config as config_lib
+from fedpsa_jax.errors import ConfigError
 
+CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, EVENTS_FILE = "config.json", "summary.json", "metrics.jsonl", "events.jsonl"
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
-def _jsonable(value: Any) -> Any:
+def to_json(value: Any) -> Any:
+  """`value` with JSON types only: non-finite floats as "nan"/"inf"/"-inf", 0-d arrays and NumPy scalars
+  as Python numbers, tuples as lists (recursively)."""
   if isinstance(value, float) and not math.isfinite(value):
     return str(value)  # JSON has no NaN/Inf; keep them readable instead of writing invalid JSON
   if hasattr(value, "item") and getattr(value, "shape", None) == ():
-    return _jsonable(value.item())
+    return to_json(value.item())
   if isinstance(value, dict):
-    return {k: _jsonable(v) for k, v in value.items()}
+    return {k: to_json(v) for k, v in value.items()}
   if isinstance(value, (list, tuple)):
-    return [_jsonable(v) for v in value]
+    return [to_json(v) for v in value]
+  return value
+
+
+def from_json(value: Any) -> Any:
+  """The inverse of `to_json` on what JSON reads back: "nan"/"inf"/"-inf" become floats again, inside
+  lists and dicts too."""
+  if isinstance(value, str):
+    return _NONFINITE.get(value, value)
+  if isinstance(value, dict):
+    return {k: from_json(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [from_json(v) for v in value]
   return value
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
   tmp = f"{path}.tmp"
   with open(tmp, "w") as f:
-    json.dump(_jsonable(obj), f, indent=2, sort_keys=True)
+    json.dump(to_json(obj), f, indent=2, sort_keys=True)
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp, path)
 
 
-def read_jsonl(path: str) -> list[dict]:
+def read_json(path: str | os.PathLike) -> Any:
+  """A JSON file decoded with `from_json`."""
+  with open(path) as f:
+    return from_json(json.load(f))
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+  """The records of a JSON-lines file decoded with `from_json`; [] when it does not exist."""
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-def restore_nonfinite(record: dict) -> dict:
-  """A record read back from JSON with the top-level 'nan'/'inf'/'-inf' strings (how `_jsonable`
-  writes non-finite floats) turned back into floats."""
-  return {k: _NONFINITE[v] if isinstance(v, str) and v in _NONFINITE else v for k, v in record.items()}
+    return [from_json(json.loads(line)) for line in f if line.strip()]
 
 
 def config_json(config: ml_collections.ConfigDict) -> dict:
   """The config as config.json holds it (JSON types: lists for tuples, strings for non-finite floats)."""
-  return json.loads(json.dumps(_jsonable(config.to_dict())))
+  return json.loads(json.dumps(to_json(config.to_dict())))
+
+
+# --- reading a run directory -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+  """Everything a run directory holds besides checkpoints: config.json (JSON form) and summary.json
+  (None when absent: a run still going or killed early), metrics.jsonl and events.jsonl ([] when absent)."""
+
+  config: dict | None
+  summary: dict | None
+  metrics: list[dict]
+  events: list[dict]
+
+
+def read_config(run_dir: str | os.PathLike) -> dict | None:
+  """config.json as written (JSON form, comparable with `config_json`), or None when absent. A damaged
+  file raises ValueError (OSError when unreadable)."""
+  path = os.path.join(run_dir, CONFIG_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def read_summary(run_dir: str | os.PathLike) -> dict | None:
+  """summary.json with its non-finite numbers restored, or None when absent."""
+  path = os.path.join(run_dir, SUMMARY_FILE)
+  return read_json(path) if os.path.exists(path) else None
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+  """metrics.jsonl: one record per evaluation."""
+  return read_jsonl(os.path.join(run_dir, METRICS_FILE))
+
+
+def read_events(run_dir: str | os.PathLike) -> list[dict]:
+  """events.jsonl: one record per received update (and per round); [] unless the run wrote events."""
+  return read_jsonl(os.path.join(run_dir, EVENTS_FILE))
+
+
+def read_run(run_dir: str | os.PathLike, events: bool = True) -> RunRecord:
+  """A run directory's config, summary, metrics and events (see RunRecord); `events=False` leaves
+  events.jsonl unread (it holds a line per update, the largest file of a long run) and gives []."""
+  return RunRecord(read_config(run_dir), read_summary(run_dir), read_metrics(run_dir),
+                   read_events(run_dir) if events else [])
 
 
 def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
   """Raises ConfigError, before any work, when `path` cannot be a run directory for `config`:
-  it cannot be created or written, or it holds config.json of a different config (apart from
-  `config.RESUMABLE_FIELDS`). Creates the directory; returns whether it had to."""
+  it cannot be created or written, or it holds config.json of another run (`config.identity_differences`:
+  a difference in a shared field or in the method's own section). Creates the directory; returns whether
+  it had to."""
   created = not os.path.isdir(path)
   try:
     os.makedirs(path, exist_ok=True)
@@ -73,25 +149,23 @@ def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
       f.write("ok")
     os.remove(probe)
   except OSError as err:
-    raise config_lib.ConfigError(
+    raise ConfigError(
         f"--workdir={path!r} is not writable ({err.strerror or err}); allowed: a directory this user can "
         "create and write") from None
-  saved_path = os.path.join(path, "config.json")
-  if not os.path.exists(saved_path):
-    return created
   try:
-    with open(saved_path) as f:
-      saved = json.load(f)
+    saved = read_config(path)
   except (OSError, ValueError) as err:
-    raise config_lib.ConfigError(f"--workdir={path!r} holds an unreadable config.json ({err}); allowed: "
-                                 "a workdir with a valid config.json, or an empty or new workdir") from None
-  diffs = config_lib.config_differences(saved, config_json(config))
+    raise ConfigError(f"--workdir={path!r} holds an unreadable config.json ({err}); allowed: "
+                      "a workdir with a valid config.json, or an empty or new workdir") from None
+  if saved is None:
+    return created
+  diffs = config_lib.identity_differences(saved, config_json(config))
   if diffs:
     shown = "; ".join(diffs[:5]) + (f"; and {len(diffs) - 5} more" if len(diffs) > 5 else "")
-    raise config_lib.ConfigError(
+    raise ConfigError(
         f"--workdir={path!r} holds a run of a different config ({shown}); allowed: the same config to "
-        f"resume that run (only {', '.join(config_lib.RESUMABLE_FIELDS)} may change), or another "
-        "--workdir")
+        f"resume that run (other methods' sections and {', '.join(config_lib.RESUMABLE_FIELDS)} may "
+        "change), or another --workdir")
   return created
 
 
@@ -115,7 +189,7 @@ class RunDir:
       f.seek(0)
       owner = f.read().strip() or "unknown"
       f.close()
-      raise config_lib.ConfigError(
+      raise ConfigError(
           f"--workdir={self.path!r} is in use by another run ({owner}); allowed: a workdir no running "
           "process (or unclosed Simulation) writes to") from None
     f.seek(0)
@@ -136,7 +210,7 @@ class RunDir:
       self._files[name] = open(self.file(name), "a")
     f = self._files[name]
     for record in records:
-      f.write(json.dumps(_jsonable(record), sort_keys=True) + "\n")
+      f.write(json.dumps(to_json(record), sort_keys=True) + "\n")
     f.flush()
 
   def sync(self) -> None:

@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fedpsa_jax import choices
+
 # Images per convolution in `batch_chunked_conv` on CPU: what benchmarks/conv_weight_grad.py measured
 # fastest for the paper's convs (4 and 8 tie within a few %; 8 makes half as many ops to compile).
 CPU_CONV_CHUNK = 8
@@ -37,9 +39,8 @@ def max_pool_2x2(x: jnp.ndarray) -> jnp.ndarray:
 
   Same values and gradients as `nn.max_pool(x, (2, 2), strides=(2, 2))` (and PyTorch's max_pool2d):
   each window's output gradient goes to its first maximum, in row-major window order. Computed as
-  elementwise selects instead of XLA's select-and-scatter, which on this 2-core CPU took 22 ms forward
-  and backward on the MNIST CNN's first pooling (B = 64), against ~1 ms here. (Autodiff of a plain
-  reshape + max would split a tie's gradient evenly, and costs 3x more: a count per window.)
+  elementwise selects instead of XLA's select-and-scatter, which is much slower on CPU (timings:
+  docs/performance.md). (Autodiff of a plain reshape + max would split a tie's gradient evenly.)
   """
   b, h, w, c = x.shape
   if h % 2 or w % 2:
@@ -79,8 +80,7 @@ def batch_chunked_conv(lhs: jnp.ndarray, rhs: jnp.ndarray, *args, **kwargs) -> j
   """`lax.conv_general_dilated` whose kernel gradient is computed, on CPU, in chunks of `CPU_CONV_CHUNK` images.
 
   XLA:CPU's kernel-gradient convolution slows down sharply with the batch (the output gradient is its
-  "kernel"; past the caches its time grows faster than the batch): for the MNIST CNN's second conv at
-  B = 64 it took 28 ms on one core against 10 ms as eight convolutions of 8 images summed. The forward
+  "kernel"; past the caches its time grows faster than the batch; timings: docs/performance.md). The forward
   value and the input gradient are the plain convolution's. Only the JVP's kernel term is written per
   chunk, so reverse mode (its transpose) sums one small kernel-gradient conv per chunk, and forward
   mode, vmap and grad-of-grad still work. Other platforms run the plain convolution (cuDNN's is fast).
@@ -116,7 +116,7 @@ def batch_chunked_conv(lhs: jnp.ndarray, rhs: jnp.ndarray, *args, **kwargs) -> j
   return conv(lhs, rhs)
 
 
-INITS = ("torch", "flax")
+INITS = choices.INITS  # model.init
 
 
 def torch_uniform(bound: float) -> nn.initializers.Initializer:
@@ -153,7 +153,7 @@ def _conv_block(x: jnp.ndarray, features: int, init: str, padding: str = "SAME")
   size, `SAME`; CIFAR's are unpadded, `VALID`, as in FLGo's model).
 
   Pooled before the ReLU: max and ReLU commute (ReLU is monotone), so values and gradients are the same,
-  and the ReLU runs on a quarter of the elements (1.5 ms less per MNIST CNN step at B = 64, one core).
+  and the ReLU runs on a quarter of the elements (timing: docs/performance.md).
   """
   x = nn.Conv(features, (5, 5), padding=padding, conv_general_dilated=batch_chunked_conv,
               **layer_init(init, 5 * 5 * x.shape[-1]))(x)
@@ -247,6 +247,7 @@ class TinyMLP(nn.Module):
     return (features, logits) if return_features else logits
 
 
+# model.name -> module; its names are choices.MODELS, which config validation checks against.
 MODELS = {"mnist_cnn": MnistCNN, "linear": Linear, "cifar_cnn": CifarCNN, "tiny_mlp": TinyMLP,
           "aifed_cnn": AiFedCNN}
 # Models that accept `return_features=True` (a feature extractor below a Dense classifier).

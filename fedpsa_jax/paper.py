@@ -1,9 +1,16 @@
 """The paper's experimental setup (Sec. 6.1), shared by the sweep configs in `configs/paper/`.
 
 Each `configs/paper/<result>.py` builds its sweep from these pieces: the run config of Sec. 6.1
-(`paper_base`), the dataset axis with the paper's model per dataset (`dataset_axis`), the methods in the
-paper's row order with their printed names, and the `:arg` parser every paper config shares
-(`parse_arg`: `smoke` switches to the embedded data and tiny budgets; `seeds=K` repeats each member).
+(`paper_base`), the dataset axis with the paper's model per dataset (`dataset_axis`, `PAPER_MODELS`, the
+one table of it, which `configs/paper/experiment.py` and `configs/casa.py` use too), the methods in the
+paper's row order with their printed names, and the `:arg` options every paper config shares
+(`parse_arg`, the grammar of `config.parse_arg`: `smoke` switches to the embedded data and tiny budgets;
+`seeds=K` repeats each member; `field=value` changes a field of the base run config of every member, e.g.
+`configs/paper/table1.py:smoke,local.epochs=2`).
+
+(This module lives in the package rather than beside the configs, as big_vision's `configs/common.py`
+does: config files are loaded by path, by absl's `--config` and by the notebook API from any working
+directory or process, where only the installed package is importable, not `configs/`.)
 
 Smoke variants keep the structure of each result (every row, column and grid point) and change only the
 data and budget: the embedded 5,000 MNIST images stand in for every dataset, with `tiny_mlp` where the
@@ -22,6 +29,7 @@ import ml_collections
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import sweep
+from fedpsa_jax.validation import integer
 
 # The paper's rows, in its order (Tables 1-3), and the names it prints.
 METHODS = ("fedbuff", "fedavg", "fedasync", "ca2fl", "fedfa", "fedpac", "fedpsa")
@@ -32,26 +40,25 @@ DISPLAY_NAMES = {"fedbuff": "FedBuff (Base)", "fedavg": "FedAvg", "fedasync": "F
                  "gaussian": "Gaussian D_b", "uniform": "Uniform", "long_tail": "Long-tail",
                  "concurrency": "p", "calibration_size": "Batch size", "latency": "Setting",
                  "gamma": "γ", "delta": "δ", "buffer_size": "L_s", "queue_length": "L_q"}
-# Sec. 6.1's model per dataset (FMNIST: one fully connected layer, so no FedPAC).
-PAPER_MODELS = {"mnist": "mnist_cnn", "fashion_mnist": "linear", "cifar10": "cifar_cnn", "cifar100": "cifar_cnn"}
+# Sec. 6.1's model per dataset (FMNIST: one fully connected layer, so no FedPAC); the embedded datasets
+# take the model of what they hold (mnist_5k: MNIST images) or the small test model (synthetic).
+PAPER_MODELS = {"mnist": "mnist_cnn", "fashion_mnist": "linear", "cifar10": "cifar_cnn", "cifar100": "cifar_cnn",
+                "mnist_5k": "mnist_cnn", "synthetic": "tiny_mlp"}
 # The smoke stand-in model: small, with a feature extractor where the paper's model has one.
 SMOKE_MODELS = {"mnist_cnn": "tiny_mlp", "cifar_cnn": "tiny_mlp", "linear": "linear"}
 ALPHAS = (0.1, 0.5, 1.0)
 
 
-def parse_arg(arg: str | None) -> tuple[bool, list[int]]:
-  """A paper config's `:arg`: comma-separated `smoke` and/or `seeds=K` -> (smoke, seeds [0..K-1])."""
-  smoke, seeds = False, [0]
-  for item in filter(None, (arg or "").split(",")):
-    item = item.strip()
-    if item == "smoke":
-      smoke = True
-    elif item.startswith("seeds=") and item[6:].isdigit() and int(item[6:]) >= 1:
-      seeds = list(range(int(item[6:])))
-    else:
-      raise config_lib.ConfigError(f"config argument {item!r} is invalid; allowed: smoke, seeds=K (K >= 1), "
-                                   "comma-separated (e.g. configs/paper/table1.py:smoke,seeds=3)")
-  return smoke, seeds
+def parse_arg(arg: str | None, **spec: Any) -> tuple[ml_collections.ConfigDict, dict[str, Any]]:
+  """A paper config's `:arg` (`config.parse_arg`): the options `smoke` and `seeds=K` (each member
+  repeated with seeds 0..K-1), the config's own options `spec` (Table 6's `temps`), and `field=value`
+  overrides of the base run config. Returns (options, overrides)."""
+  return config_lib.parse_arg(arg, smoke=False, seeds=(1, integer(ge=1)), **spec)
+
+
+def seeds(options: ml_collections.ConfigDict) -> list[int]:
+  """The seeds of `seeds=K`: 0, ..., K-1."""
+  return list(range(options.seeds))
 
 
 def paper_base(smoke: bool) -> ml_collections.ConfigDict:
@@ -100,12 +107,13 @@ def no_fedpac_on_linear(datasets: tuple[str, ...]) -> list[dict[str, str]]:
 
 def sweep_config(name: str, description: str, base: ml_collections.ConfigDict, axes: list,
                  seeds: list[int], report: dict[str, Any], exclude: list | None = None,
-                 parts: list | None = None) -> ml_collections.ConfigDict:
-  """The ConfigDict of one sweep (fields as `fedpsa_jax.sweep` describes them)."""
+                 parts: list | None = None, overrides: dict[str, Any] | None = None) -> ml_collections.ConfigDict:
+  """The ConfigDict of one sweep (fields as `fedpsa_jax.sweep` describes them). `overrides` (the
+  `field=value` items of the `:arg`) are set on `base` last, so the user's values win over the config's."""
   c = ml_collections.ConfigDict()
   c.name = name  # the sweep's name and the report's title
   c.description = description  # what the paper reports there
-  c.base = base  # the run config every member starts from
+  c.base = config_lib.set_fields(base, overrides or {})  # the run config every member starts from
   c.axes = axes  # [(axis, [(label, {field: value})])]: members are their product
   c.parts = parts or []  # [(part, more_axes)]: a union of such products (Fig. 4's two grids)
   c.exclude = exclude or []  # [{axis: label}]: members left out (FedPAC on the linear model)
@@ -137,7 +145,4 @@ def method_axis(methods: tuple[str, ...] = METHODS) -> sweep.Axis:
 def on_dataset(c: ml_collections.ConfigDict, name: str, smoke: bool) -> ml_collections.ConfigDict:
   """`c` set to one dataset and the paper's model for it (smoke: the stand-ins), as `dataset_axis` does."""
   (_, [(_, fields)]) = dataset_axis((name,), smoke)
-  for path, value in fields.items():
-    section, field = path.split(".")
-    c[section][field] = value
-  return c
+  return config_lib.set_fields(c, fields)

@@ -56,7 +56,7 @@ def load_members(sweep_dir: str) -> tuple[dict[str, Any], pd.DataFrame]:
   rows = []
   for m in saved["members"]:
     run_dir = sweep_lib.member_dir(sweep_dir, m["name"])
-    summary = sweep_lib.read_summary(run_dir) or {"status": "missing"}
+    summary = io.read_summary(run_dir) or {"status": "missing"}
     rows.append({"member": m["name"], "run_dir": run_dir, **{f"label:{k}": v for k, v in m["labels"].items()},
                  **{k: v for k, v in summary.items() if not isinstance(v, (dict, list))}})
   return saved["sweep"], pd.DataFrame(rows)
@@ -199,7 +199,7 @@ def alignment_pairs(run_dirs: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
   """(κ, align) of every received update logged with an alignment in the runs' events.jsonl."""
   kappa, align = [], []
   for d in run_dirs:
-    for e in io.read_jsonl(os.path.join(d, "events.jsonl")):
+    for e in io.read_events(d):
       if e.get("type") == "update" and "alignment" in e and "kappa" in e:
         kappa.append(float(e["kappa"]))
         align.append(float(e["alignment"]))
@@ -244,7 +244,7 @@ def _mean_curve(run_dirs: Sequence[str], y: str = "test_accuracy") -> tuple[np.n
   """(days, mean of `y` over the runs) on the days every run logged (the evaluation grid)."""
   frames = []
   for d in run_dirs:
-    records = io.read_jsonl(os.path.join(d, "metrics.jsonl"))
+    records = io.read_metrics(d)
     if records:
       frames.append(pd.DataFrame(records).set_index("day")[y].astype(float))
   if not frames:
@@ -381,8 +381,8 @@ def alignment_figure(stats: dict[str, Any], path: str, pairs: tuple[np.ndarray, 
 def learning_curve(run_dir: str, path: str) -> str:
   """A single run's test accuracy against virtual days."""
   plt = _pyplot()
-  records = io.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
-  summary = sweep_lib.read_summary(run_dir) or {}
+  records = io.read_metrics(run_dir)
+  summary = io.read_summary(run_dir) or {}
   fig, ax = plt.subplots(figsize=(6, 4))
   ax.plot([r["day"] for r in records], [100 * float(r["test_accuracy"]) for r in records],
           label=f"{summary.get('method', '')} on {summary.get('dataset', '')}")

@@ -24,7 +24,7 @@ import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 
-from fedpsa_jax import fisher
+from fedpsa_jax import choices, fisher
 
 Params = Any
 ApplyFn = Callable[[Params, jax.Array], jax.Array]
@@ -109,7 +109,7 @@ def _sum_squared_grads(
   return total, m
 
 
-FISHER_METHODS = ("auto", "factored", "per_sample")
+FISHER_METHODS = choices.FISHER_METHODS  # sensitivity.fisher
 
 
 def resolve_fisher_method(apply_fn: ApplyFn, method: str) -> str:

@@ -15,9 +15,13 @@ A sweep config (`configs/paper/*.py`, `get_config(arg)`) is a ConfigDict with:
 Every member is a full run config that must pass `config.validate`, and has a stable directory name
 made of its labels, `method=fedpsa,dataset=cifar10,alpha=0.1,seed=0`, under `SWEEP_DIR/runs/`. Both
 executors run each member with the same function, `run_member`, which skips a member whose
-summary.json says `completed` for this very config and otherwise lets `Simulation` continue it from its
-own checkpoint (or start it): an interrupted sweep rerun with the same command redoes nothing finished.
+summary.json says `completed` for this very run (`is_done`: the same run identity, `config.run_identity`,
+and the same budget) and otherwise lets `Simulation` continue it from its own checkpoint (or start it):
+an interrupted sweep rerun with the same command redoes nothing finished, and a field added to another
+method's section since then reruns nothing.
 `SWEEP_DIR/sweep.json` holds the sweep config and the member list, which is all the report needs.
+
+Expanding a sweep imports no JAX by itself; validating its members loads the strategies (which do).
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-import json
 import os
 import re
 import time
@@ -35,14 +38,12 @@ import ml_collections
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import io
+from fedpsa_jax.errors import ConfigError
 
 SWEEP_FILE = "sweep.json"
 RUNS_DIR = "runs"
 EXECUTORS = ("local", "ray")
 _LABEL = re.compile(r"^[A-Za-z0-9._+-]+$")  # labels become directory names: keep them portable
-# Fields that may differ between a finished member's config.json and the sweep's member config while
-# the member still counts as done (they change nothing a finished run wrote).
-_DONE_IGNORED = ("output.progress", "checkpoint.every_days", "checkpoint.keep", "data.data_dir")
 
 Axis = tuple[str, Sequence[tuple[Any, dict[str, Any]]]]
 
@@ -71,20 +72,6 @@ def is_sweep_config(c: Any) -> bool:
   return isinstance(c, ml_collections.ConfigDict) and all(k in c for k in ("name", "base", "axes", "seeds"))
 
 
-def _set(c: ml_collections.ConfigDict, path: str, value: Any) -> None:
-  node = c
-  *parents, leaf = path.split(".")
-  for part in parents:
-    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-      raise config_lib.ConfigError(f"sweep override {path!r} is not a run config field")
-    node = node[part]
-  if leaf not in node:
-    raise config_lib.ConfigError(f"sweep override {path!r} is not a run config field")
-  if isinstance(node[leaf], float) and isinstance(value, int) and not isinstance(value, bool):
-    value = float(value)
-  node[leaf] = value
-
-
 def member_name(labels: dict[str, Any]) -> str:
   return ",".join(f"{k}={v}" for k, v in labels.items())
 
@@ -96,7 +83,7 @@ def expand(sweep: ml_collections.ConfigDict) -> list[Member]:
   be a directory name, or two members would share a directory.
   """
   if not is_sweep_config(sweep):
-    raise config_lib.ConfigError("a sweep config needs the fields name, base, axes, seeds (see fedpsa_jax/sweep.py)")
+    raise ConfigError("a sweep config needs the fields name, base, axes, seeds (see fedpsa_jax/sweep.py)")
   axes = [(str(name), list(values)) for name, values in sweep.axes]
   # `parts`: a union of grids, [(part_label, more_axes), ...]; each part is the product of `axes` and its
   # own axes, labelled `part=<label>` (Fig. 4: the γ×δ grid beside the L_s×L_q grid).
@@ -105,7 +92,7 @@ def expand(sweep: ml_collections.ConfigDict) -> list[Member]:
   excludes = [dict(e) for e in sweep.get("exclude", [])]
   seeds = list(sweep.seeds)
   if not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
-    raise config_lib.ConfigError(f"sweep seeds={seeds!r} is invalid; allowed: a non-empty list of integers >= 0")
+    raise ConfigError(f"sweep seeds={seeds!r} is invalid; allowed: a non-empty list of integers >= 0")
   members, names = [], set()
   combos = [(part_axes, combo) for _, part_axes in parts
             for combo in itertools.product(*(values for _, values in part_axes))]
@@ -122,17 +109,19 @@ def expand(sweep: ml_collections.ConfigDict) -> list[Member]:
       name = member_name(full_labels)
       bad = [str(v) for v in full_labels.values() if not _LABEL.match(str(v))]
       if bad:
-        raise config_lib.ConfigError(f"sweep {sweep.name!r}: label(s) {bad} cannot be part of a directory name; "
+        raise ConfigError(f"sweep {sweep.name!r}: label(s) {bad} cannot be part of a directory name; "
                                      "allowed: letters, digits and . _ + -")
       if name in names:
-        raise config_lib.ConfigError(f"sweep {sweep.name!r}: two members are both named {name!r}")
+        raise ConfigError(f"sweep {sweep.name!r}: two members are both named {name!r}")
       names.add(name)
       config = copy.deepcopy(sweep.base)
-      for path, value in overrides.items():
-        _set(config, path, value)
+      try:
+        config_lib.set_fields(config, overrides)
+      except ConfigError as err:
+        raise ConfigError(f"sweep {sweep.name!r}, member {name}: {err}") from None
       errors = config_lib.config_errors(config)
       if errors:
-        raise config_lib.ConfigError(f"sweep {sweep.name!r}, member {name}: invalid config:\n  " + "\n  ".join(errors))
+        raise ConfigError(f"sweep {sweep.name!r}, member {name}: invalid config:\n  " + "\n  ".join(errors))
       members.append(Member(name, full_labels, overrides, config))
   return members
 
@@ -150,30 +139,19 @@ def write_sweep_json(sweep: ml_collections.ConfigDict, members: Sequence[Member]
 
 
 def read_sweep_json(sweep_dir: str) -> dict[str, Any]:
-  with open(os.path.join(sweep_dir, SWEEP_FILE)) as f:
-    return json.load(f)
-
-
-def read_summary(run_dir: str) -> dict[str, Any] | None:
-  path = os.path.join(run_dir, "summary.json")
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+  """SWEEP_DIR/sweep.json: {'sweep': the sweep config, 'members': [{name, labels, overrides}]}."""
+  return io.read_json(os.path.join(sweep_dir, SWEEP_FILE))
 
 
 def is_done(config_json: dict[str, Any], run_dir: str) -> bool:
-  """Whether `run_dir` holds a completed run of exactly this config (JSON form), so it can be skipped.
-
-  A completed run of a config that differs in a field the runner may continue with (a larger
-  `sim.virtual_days`) is not done: `Simulation` extends it."""
-  summary = read_summary(run_dir)
-  saved_path = os.path.join(run_dir, "config.json")
-  if not summary or summary.get("status") != "completed" or not os.path.exists(saved_path):
+  """Whether `run_dir` holds a completed run of this config (JSON form), so it can be skipped: the same
+  run identity (`config.identity_differences`: shared sections and the method's own section) and the same
+  budget. A completed run with a smaller `sim.virtual_days` is not done: `Simulation` extends it."""
+  summary, saved = io.read_summary(run_dir), io.read_config(run_dir)
+  if not summary or summary.get("status") != "completed" or saved is None:
     return False
-  with open(saved_path) as f:
-    saved = json.load(f)
-  return not config_lib.config_differences(saved, config_json, ignore=_DONE_IGNORED)
+  same_budget = saved.get("sim", {}).get("virtual_days") == config_json["sim"]["virtual_days"]
+  return same_budget and not config_lib.identity_differences(saved, config_json)
 
 
 def enable_compilation_cache(path: str) -> bool:
@@ -208,10 +186,10 @@ def run_member(config_json: dict[str, Any], run_dir: str, compilation_cache: str
   if compilation_cache:
     enable_compilation_cache(compilation_cache)
   if is_done(config_json, run_dir):
-    return {**read_summary(run_dir), "sweep_action": "skipped"}
+    return {**io.read_summary(run_dir), "sweep_action": "skipped"}
   config = ml_collections.ConfigDict(config_json)
   runner.Simulation(config, run_dir).run()
-  return {**read_summary(run_dir), "sweep_action": "ran"}
+  return {**io.read_summary(run_dir), "sweep_action": "ran"}
 
 
 def _failure(member: Member, err: BaseException) -> dict[str, Any]:
@@ -257,7 +235,7 @@ def run_ray(sweep: ml_collections.ConfigDict, sweep_dir: str, address: str | Non
   try:
     import ray
   except ImportError as err:
-    raise config_lib.ConfigError("--executor=ray needs the ray package (pip install ray); allowed: --executor=local, "
+    raise ConfigError("--executor=ray needs the ray package (pip install ray); allowed: --executor=local, "
                                  "or install ray") from err
   members = expand(sweep)  # (every member validated before Ray starts)
   write_sweep_json(sweep, members, sweep_dir)
@@ -283,7 +261,7 @@ def run(sweep: ml_collections.ConfigDict, sweep_dir: str, executor: str = "local
         log: Callable[[str], None] = print, compilation_cache: str | None = None) -> dict[str, dict]:
   """Runs a sweep with the named executor ('local' or 'ray'); {member name: summary}."""
   if executor not in EXECUTORS:
-    raise config_lib.ConfigError(f"--executor={executor!r} is invalid; allowed: {', '.join(EXECUTORS)}")
+    raise ConfigError(f"--executor={executor!r} is invalid; allowed: {', '.join(EXECUTORS)}")
   if executor == "ray":
     return run_ray(sweep, sweep_dir, address, log=log, compilation_cache=compilation_cache)
   return run_local(sweep, sweep_dir, log=log, compilation_cache=compilation_cache)

@@ -65,13 +65,7 @@ def with_value(path, value, method=None):
   c = config_lib.base_config()
   if method:
     c.method = method
-  node = c
-  *parents, leaf = path.split(".")
-  for p in parents:
-    node = node[p]
-  with node.ignore_type():
-    node[leaf] = value
-  return c
+  return config_lib.set_fields(c, {path: value}, typed=False)  # (wrong types on purpose)
 
 
 @pytest.mark.parametrize("path,value", BAD)

@@ -14,7 +14,8 @@ DATASETS = ("cifar10", "cifar100")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  smoke, seeds = paper.parse_arg(arg)
+  options, overrides = paper.parse_arg(arg)
+  smoke, seeds = options.smoke, paper.seeds(options)
   return paper.sweep_config(
       "fig3" + ("-smoke" if smoke else ""),
       "Fig. 3: learning curves of the methods on the CIFAR datasets",
@@ -24,4 +25,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # curves: one panel per combination of `panels`, one line per label of `lines` (mean over seeds);
       # the table beside it holds the final accuracy, as Table 2.
       {"kind": "curves", "panels": ["dataset", "alpha"], "lines": "method", "rows": ["method"],
-       "cols": ["dataset", "alpha"]})
+       "cols": ["dataset", "alpha"]}, overrides=overrides)

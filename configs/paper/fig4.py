@@ -14,7 +14,8 @@ from fedpsa_jax import paper, sweep
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  smoke, seeds = paper.parse_arg(arg)
+  options, overrides = paper.parse_arg(arg)
+  smoke, seeds = options.smoke, paper.seeds(options)
   base = paper.paper_base(smoke)
   base.method = "fedpsa"
   base.partition.alpha = 0.1
@@ -33,4 +34,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # heatmap: one per [part, row axis, column axis]
       {"kind": "heatmap", "heatmaps": [["gamma_delta", "gamma", "delta"], ["ls_lq", "buffer_size", "queue_length"]],
        "best": ""},
-      parts=parts)
+      parts=parts, overrides=overrides)

@@ -18,7 +18,8 @@ DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  smoke, seeds = paper.parse_arg(arg)
+  options, overrides = paper.parse_arg(arg)
+  smoke, seeds = options.smoke, paper.seeds(options)
   base = paper.paper_base(smoke)
   base.partition.alpha = 0.1  # assumed (see the module docstring)
   return paper.sweep_config(
@@ -29,4 +30,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       seeds,
       {"kind": "overhead", "rows": ["method"], "cols": ["dataset"], "metric": "upload_bytes_per_update",
        "scale": 1.0 / 2**20, "decimals": 4, "best": ""},
-      exclude=paper.no_fedpac_on_linear(DATASETS))
+      exclude=paper.no_fedpac_on_linear(DATASETS), overrides=overrides)

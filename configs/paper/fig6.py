@@ -16,7 +16,8 @@ from fedpsa_jax import paper
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  smoke, seeds = paper.parse_arg(arg)
+  options, overrides = paper.parse_arg(arg)
+  smoke, seeds = options.smoke, paper.seeds(options)
   base = paper.paper_base(smoke)
   base.method = "fedpsa"
   base.partition.alpha = 0.1
@@ -32,4 +33,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       base,
       [paper.method_axis(("fedpsa",))],
       seeds,
-      {"kind": "alignment", "bin_width": 0.1, "best": ""})
+      {"kind": "alignment", "bin_width": 0.1, "best": ""}, overrides=overrides)

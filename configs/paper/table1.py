@@ -15,7 +15,8 @@ DATASETS = ("mnist", "fashion_mnist")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  smoke, seeds = paper.parse_arg(arg)
+  options, overrides = paper.parse_arg(arg)
+  smoke, seeds = options.smoke, paper.seeds(options)
   return paper.sweep_config(
       "table1" + ("-smoke" if smoke else ""),
       "Table 1: final accuracy (%) of MNIST / FMNIST after 10 days of virtual time",
@@ -23,4 +24,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       [paper.method_axis(), paper.dataset_axis(DATASETS, smoke), paper.alpha_axis()],
       seeds,
       {"rows": ["method"], "cols": ["dataset", "alpha"]},
-      exclude=paper.no_fedpac_on_linear(DATASETS))
+      exclude=paper.no_fedpac_on_linear(DATASETS), overrides=overrides)

@@ -15,11 +15,12 @@ DATASETS = ("cifar10", "cifar100")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  smoke, seeds = paper.parse_arg(arg)
+  options, overrides = paper.parse_arg(arg)
+  smoke, seeds = options.smoke, paper.seeds(options)
   return paper.sweep_config(
       "table2" + ("-smoke" if smoke else ""),
       "Table 2: final accuracy (%) of CIFAR-10 / CIFAR-100 after 10 days of virtual time",
       paper.paper_base(smoke),
       [paper.method_axis(), paper.dataset_axis(DATASETS, smoke), paper.alpha_axis()],
       seeds,
-      {"rows": ["method"], "cols": ["dataset", "alpha"]})
+      {"rows": ["method"], "cols": ["dataset", "alpha"]}, overrides=overrides)

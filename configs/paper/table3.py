@@ -14,7 +14,8 @@ DATASETS = ("cifar10", "cifar100")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  smoke, seeds = paper.parse_arg(arg)
+  options, overrides = paper.parse_arg(arg)
+  smoke, seeds = options.smoke, paper.seeds(options)
   return paper.sweep_config(
       "table3" + ("-smoke" if smoke else ""),
       "Table 3: AULC after 10 days of virtual time across CIFAR datasets",
@@ -23,4 +24,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       seeds,
       {"rows": ["method"], "cols": ["dataset", "alpha"], "metric": "aulc", "scale": 1.0,
        "decimals": 5 if smoke else 3,  # a smoke run's 0.01 day holds little area
-       "row_mean": True})
+       "row_mean": True}, overrides=overrides)

@@ -16,7 +16,8 @@ RANGES = ((10, 500), (20, 1000), (50, 2500))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  smoke, seeds = paper.parse_arg(arg)
+  options, overrides = paper.parse_arg(arg)
+  smoke, seeds = options.smoke, paper.seeds(options)
   base = paper.paper_base(smoke)
   base.partition.alpha = 1.0  # assumed (see the module docstring)
   paper.on_dataset(base, "cifar100", smoke)
@@ -30,4 +31,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       [latency, paper.method_axis(("fedbuff", "ca2fl", "fedpsa")),
        sweep.axis("distribution", ("uniform", "long_tail"), "sim.latency.distribution")],
       seeds,
-      {"rows": ["latency", "method"], "cols": ["distribution"]})
+      {"rows": ["latency", "method"], "cols": ["distribution"]}, overrides=overrides)

@@ -12,7 +12,8 @@ from fedpsa_jax import paper, sweep
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  smoke, seeds = paper.parse_arg(arg)
+  options, overrides = paper.parse_arg(arg)
+  smoke, seeds = options.smoke, paper.seeds(options)
   base = paper.paper_base(smoke)
   base.method = "fedpsa"
   paper.on_dataset(base, "cifar10", smoke)
@@ -23,4 +24,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       [paper.alpha_axis((0.1, 1.0)), sweep.axis("calibration_size", (16, 32, 128, 512), "sensitivity.calibration_size"),
        sweep.axis("calibration", ("real", "gaussian"), "sensitivity.calibration")],
       seeds,
-      {"rows": ["alpha", "calibration_size"], "cols": ["calibration"], "delta": ["real", "gaussian"], "best": ""})
+      {"rows": ["alpha", "calibration_size"], "cols": ["calibration"], "delta": ["real", "gaussian"], "best": ""},
+      overrides=overrides)

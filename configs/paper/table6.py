@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax import config as config_lib
 from fedpsa_jax import paper, sweep
 
 # (label, fedpsa.no_temperature, fedpsa.no_sensitivity), in the paper's row order.
@@ -31,12 +30,6 @@ def fixed_temperatures(fedpsa: ml_collections.ConfigDict) -> tuple[tuple[str, fl
   and Temp = δ, a softmax 5.5 and 11 times sharper than at the paper's γ + δ = 5.5. (Names, not values, go into
   the labels: a label becomes a ConfigDict key, which cannot hold a dot.)"""
   return (("1", 1.0), ("delta", float(fedpsa.delta)))
-
-
-def _take_temps(arg: str | None) -> tuple[bool, str]:
-  """(whether `temps` is among the comma-separated items of `arg`, the other items for paper.parse_arg)."""
-  items = [item.strip() for item in (arg or "").split(",") if item.strip()]
-  return "temps" in items, ",".join(item for item in items if item != "temps")
 
 
 def variant_axis(base: ml_collections.ConfigDict, temps: bool) -> sweep.Axis:
@@ -53,11 +46,8 @@ def variant_axis(base: ml_collections.ConfigDict, temps: bool) -> sweep.Axis:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  temps, rest = _take_temps(arg)
-  try:
-    smoke, seeds = paper.parse_arg(rest)
-  except config_lib.ConfigError as e:  # (the shared message does not know this table's own item)
-    raise config_lib.ConfigError(f"{e}; Table 6 also takes temps (the fixed-temperature readings)") from None
+  options, overrides = paper.parse_arg(arg, temps=False)  # temps: the fixed-temperature readings
+  smoke, seeds, temps = options.smoke, paper.seeds(options), options.temps
   base = paper.paper_base(smoke)
   base.method = "fedpsa"
   paper.on_dataset(base, "cifar10", smoke)
@@ -76,4 +66,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       [paper.alpha_axis((1.0, 0.1)), variant_axis(base, temps),
        sweep.axis("concurrency", (0.1, 0.2, 0.3), "sim.concurrency")],
       seeds,
-      {"rows": ["alpha", "variant"], "cols": ["concurrency"], "display": display})
+      {"rows": ["alpha", "variant"], "cols": ["concurrency"], "display": display}, overrides=overrides)

@@ -24,7 +24,7 @@ import dataclasses
 
 import numpy as np
 
-PARTITIONERS = ("dirichlet_flgo", "dirichlet", "iid", "label_groups", "labels_per_client")
+from fedpsa_jax.choices import PARTITIONERS  # partition.method
 DEFAULT_GROUP_PROPORTIONS = (0.2, 0.2, 0.3, 0.3)  # CASA's Appendix A.2.4
 
 # FLGo multiplies the mixture tolerance by 10 after this many unsuccessful correction tries.

@@ -35,8 +35,7 @@ import tempfile
 
 import numpy as np
 
-DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100", "mnist_5k", "synthetic")
-TEST_SPLITS = ("holdout", "official")
+from fedpsa_jax.choices import DATASETS, TEST_SPLITS  # data.name, data.test_split
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,6 @@ y = test accuracy. It works for any set of runs of any method. The matplotlib ba
 
 from __future__ import annotations
 
-import json
 import os
 
 from fedpsa_jax import figures, io
@@ -16,13 +15,7 @@ from fedpsa_jax import figures, io
 
 def _label(run_dir: str) -> str:
   """`method` (with AiFed's variant and LIR kind), then the directory name to tell repeats apart."""
-  summary, config = {}, {}
-  if os.path.exists(os.path.join(run_dir, "summary.json")):
-    with open(os.path.join(run_dir, "summary.json")) as f:
-      summary = json.load(f)
-  if os.path.exists(os.path.join(run_dir, "config.json")):
-    with open(os.path.join(run_dir, "config.json")) as f:
-      config = json.load(f)
+  summary, config = io.read_summary(run_dir) or {}, io.read_config(run_dir) or {}
   method = summary.get("method") or config.get("method") or "?"
   if method == "aifed" and "aifed" in config:
     method = f"aifed[{config['aifed'].get('variant')}/{config['aifed'].get('lir')}]"
@@ -31,7 +24,7 @@ def _label(run_dir: str) -> str:
 
 def accuracy_vs_upload(run_dir: str) -> tuple[list[float], list[float]]:
   """(accumulated upload in MiB, test accuracy) at each evaluation of one run."""
-  records = io.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+  records = io.read_metrics(run_dir)
   return ([r.get("bytes_uploaded", 0) / 2 ** 20 for r in records], [r["test_accuracy"] for r in records])
 
 

@@ -8,7 +8,6 @@ get no figure ([]).
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -26,13 +25,9 @@ def cluster_matrix(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
 
 def run_figures(run_dir: str, out_dir: str) -> list[str]:
   """Paths of the PNGs drawn for the run in `run_dir` (written to `out_dir`); [] if it is not CASA."""
-  config_path = os.path.join(run_dir, "config.json")
-  if not os.path.exists(config_path):
+  if (io.read_config(run_dir) or {}).get("method") != "casa":
     return []
-  with open(config_path) as f:
-    if json.load(f).get("method") != "casa":
-      return []
-  records = [io.restore_nonfinite(r) for r in io.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
+  records = io.read_metrics(run_dir)
   days, clusters = cluster_matrix(records)
   if clusters.size == 0:
     return []

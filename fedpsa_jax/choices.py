@@ -1,0 +1,22 @@
+"""The values a config field may name, for the fields whose vocabulary is fixed in code.
+
+A leaf module (no project or JAX imports): `config` validates against these tuples without importing
+the models, the executor or the data code that implement them, so that `config`, `io`, `sweep` and
+`report` import without JAX. The modules that implement a vocabulary import its tuple from here (or a
+test checks that theirs is the same). The strategies are the exception: `method` is checked against the
+strategy registry, which notebooks extend at run time.
+"""
+
+from __future__ import annotations
+
+DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100", "mnist_5k", "synthetic")  # data.name
+TEST_SPLITS = ("holdout", "official")  # data.test_split
+PARTITIONERS = ("dirichlet_flgo", "dirichlet", "iid", "label_groups", "labels_per_client")  # partition.method
+MODELS = ("mnist_cnn", "linear", "cifar_cnn", "tiny_mlp", "aifed_cnn")  # model.name (models.MODELS)
+INITS = ("torch", "flax")  # model.init
+LOCAL_LOOPS = ("auto", "unrolled", "rolled")  # local.loop
+EXECUTIONS = ("auto", "loop", "vmap", "sharded")  # local.execution (sim/executor.py)
+LATENCY_DISTRIBUTIONS = ("uniform", "long_tail")  # sim.latency.distribution
+LATENCY_RESAMPLING = ("fixed", "per_dispatch")  # sim.latency.resample
+CALIBRATION_KINDS = ("gaussian", "real")  # sensitivity.calibration (data/calibration.py)
+FISHER_METHODS = ("auto", "factored", "per_sample")  # sensitivity.fisher

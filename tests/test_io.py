@@ -1,0 +1,83 @@
+"""The run directory's reader and JSON codec (fedpsa_jax/io.py), and the import layering below it.
+
+- non-finite numbers are written as "nan"/"inf"/"-inf" and read back as floats at any depth;
+- `read_run` gives back what `RunDir` wrote (config in JSON form, summary, metrics, events);
+- `io`, `sweep` and `report` import without JAX (and without the simulator).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fedpsa_jax import io
+from fedpsa_jax.errors import ConfigError
+from helpers import small_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_codec_round_trips_non_finite_numbers_at_any_depth():
+  record = {"loss": math.inf, "kappa": [0.5, math.nan, -math.inf], "nested": {"m0": math.nan, "xs": [[math.inf]]},
+            "acc": np.float32(0.25), "step": np.int64(3), "name": "fedpsa", "pair": (1, 2)}
+  written = json.loads(json.dumps(io.to_json(record)))  # what a file holds: valid JSON, strings for NaN/Inf
+  assert written["kappa"] == [0.5, "nan", "-inf"] and written["nested"] == {"m0": "nan", "xs": [["inf"]]}
+  assert written["acc"] == 0.25 and written["step"] == 3 and written["pair"] == [1, 2]
+  back = io.from_json(written)
+  assert back["loss"] == math.inf and back["kappa"][0] == 0.5 and math.isnan(back["kappa"][1])
+  assert back["kappa"][2] == -math.inf and math.isnan(back["nested"]["m0"]) and back["nested"]["xs"] == [[math.inf]]
+  assert back["name"] == "fedpsa"  # other strings are left alone
+
+
+def test_read_run_gives_back_what_the_run_directory_wrote(tmp_path):
+  c = small_config("fedpsa")
+  rundir = io.RunDir(str(tmp_path))
+  rundir.write_config(c)
+  rundir.append("metrics.jsonl", [{"day": 0.0, "test_accuracy": 0.1, "kappa": [math.nan, 0.5]},
+                                  {"day": 0.01, "test_accuracy": 0.2, "temperature": math.inf}])
+  rundir.append("events.jsonl", [{"type": "update", "kappa": -math.inf}])
+  rundir.write_summary({"status": "completed", "aulc": math.nan, "time_to_target": {"day": math.inf}})
+  rundir.close()
+  record = io.read_run(str(tmp_path))
+  assert record.config == io.config_json(c)  # JSON form, comparable with config_json
+  assert record.summary["status"] == "completed" and math.isnan(record.summary["aulc"])
+  assert record.summary["time_to_target"] == {"day": math.inf}
+  assert [m["day"] for m in record.metrics] == [0.0, 0.01] and math.isnan(record.metrics[0]["kappa"][0])
+  assert record.metrics[1]["temperature"] == math.inf and record.events == [{"type": "update", "kappa": -math.inf}]
+  assert io.read_run(str(tmp_path), events=False).events == []
+  assert io.read_summary(str(tmp_path)) == record.summary and io.read_config(str(tmp_path)) == record.config
+  empty = io.read_run(str(tmp_path / "nothing"))
+  assert (empty.config, empty.summary, empty.metrics, empty.events) == (None, None, [], [])
+
+
+def test_unreadable_config_json_is_a_config_error_naming_the_workdir(tmp_path):
+  (tmp_path / "config.json").write_text("{not json")
+  with pytest.raises(ValueError):
+    io.read_config(str(tmp_path))
+  with pytest.raises(ConfigError, match=r"--workdir=.* holds an unreadable config.json.*allowed"):
+    io.check_workdir(str(tmp_path), small_config("fedpsa"))
+
+
+def test_config_error_is_the_same_class_everywhere():
+  from fedpsa_jax import config as config_lib
+  from fedpsa_jax import errors
+
+  assert config_lib.ConfigError is errors.ConfigError and issubclass(errors.ConfigError, ValueError)
+
+
+def test_io_sweep_and_report_import_without_jax():
+  code = ("import sys\n"
+          "import fedpsa_jax.io, fedpsa_jax.sweep, fedpsa_jax.report, fedpsa_jax.paper, fedpsa_jax.config\n"
+          "import fedpsa_jax.figures.aifed, fedpsa_jax.figures.casa\n"
+          "bad = sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'fedpsa_jax.sim', "
+          "'fedpsa_jax.strategies', 'fedpsa_jax.models')))\n"
+          "print(bad)\n")
+  done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.strip() == "[]"
