@@ -84,7 +84,7 @@ def measure(model: str, execution: str) -> dict:
 
   ex = sim.executor
   devices = list(ex.mesh.devices.flat) if ex.mesh is not None else ex.devices
-  chains = [jax.device_put((sim.strategy.eval_params(sim.state), sim.fed.x_train[:b], sim.fed.y_train[:b]), d)
+  chains = [jax.device_put((sim.strategy.eval_models(sim.state).params, sim.fed.x_train[:b], sim.fed.y_train[:b]), d)
             for d in devices]
   params = jax.block_until_ready([step(*chain) for chain in chains])
   reps = 20

@@ -34,9 +34,9 @@ FLAGS = flags.FLAGS
 def default_job_clients() -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
   """(x_train as NCHW float32, each client's sample indices, y_train) of configs/default.py's job."""
   from configs import default
-  from fedpsa_jax.sim import runner
+  from fedpsa_jax.sim import build
 
-  dataset, fed = runner.build_data(default.get_config())
+  dataset, fed = build.build_data(default.get_config())
   sizes, rows = np.asarray(fed.client_sizes), np.asarray(fed.client_indices)
   clients = [rows[i, :sizes[i]] for i in range(len(sizes))]
   return np.ascontiguousarray(np.transpose(dataset.x_train, (0, 3, 1, 2)), np.float32), clients, dataset.y_train

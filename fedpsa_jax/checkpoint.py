@@ -11,8 +11,8 @@ was taken at) with two items:
 
 So any snapshot made of dicts, lists, tuples, named tuples, dataclasses (`flax.struct.dataclass`
 states with host fields included), Python/NumPy scalars, NumPy arrays, jax arrays and typed PRNG keys
-round-trips bit for bit without per-type code; a strategy whose state holds anything else overrides
-`Strategy.save_state` / `restore_state`.
+round-trips bit for bit without per-type code. A strategy state must be made of these (its `init` is
+pure, so the state is everything a resumed run needs of the strategy).
 
 Atomicity: orbax writes a step into a temporary directory and renames it when complete, so a step
 killed half-way is never listed. On load, a step is also verified (format, every digest, dtype and
@@ -121,11 +121,11 @@ class _Encoder:
       for f in dataclasses.fields(x):
         if not f.init:
           raise TypeError(f"cannot checkpoint {path}: field {f.name!r} of {type(x).__name__} is not an "
-                          "__init__ argument; override Strategy.save_state/restore_state")
+                          "__init__ argument; keep state in __init__ fields")
         fields[f.name] = self.encode(getattr(x, f.name), f"{path}.{f.name}")
       return {"kind": "dataclass", "type": _type_path(type(x)), "fields": fields}
     raise TypeError(f"cannot checkpoint {path} of type {type(x).__name__}; allowed: dicts, lists, tuples, "
-                    "dataclasses, scalars, numpy/jax arrays (override Strategy.save_state/restore_state)")
+                    "dataclasses, scalars, numpy/jax arrays")
 
   def _items(self, d: dict, path: str) -> list:
     for k in d:

@@ -5,19 +5,13 @@ cut into ceil(n / B) batches; the last batch of an epoch is partial and is kept,
 mean over its real samples (padding positions are masked out, not dropped). The learning rate is a
 traced argument, so decaying it never recompiles.
 
-How the steps are looped is a per-backend choice, measured on this 2-core CPU (MNIST CNN, B = 64):
-one step inside a rolled `fori_loop` took ~2 s against ~50 ms outside one (XLA:CPU runs convs in a
-while-loop body on a slow path; jax issue 12868). Outside a loop, a host loop over one-step calls runs
-as fast as steps unrolled into one program (49 ms per step either way; the linear model 0.08 ms against
-0.1-0.17), while compiling grows with every unrolled step (CNN: 1.8 s for one step, 11 s for 16):
-`benchmarks/unroll.py`.
+How the steps are looped is a per-backend choice; the measurements behind it: docs/performance.md.
 
 - `unrolled` (`train`, one client): a host loop over compiled calls of at most `max_unroll` steps
   (default 1: one call per SGD step). An epoch is `n // B` full batches, in chunks of `max_unroll` and
   then powers of two, and then the partial batch at its own size, the next power of two >= n mod B (at
   least 8), masked past n. Compiled programs: one per (steps per call, rows per batch), so with
-  max_unroll = 1 at most one per batch size (B, 8, 16, 32, ...) whatever the clients' sizes. Running
-  the partial batch at B instead cost ~30% more step work on the default job (n ~ 80, B = 64).
+  max_unroll = 1 at most one per batch size (B, 8, 16, 32, ...) whatever the clients' sizes.
 - `rolled`: one `fori_loop` over t-indexed steps (the natural choice on GPU, no recompilation).
 - Batched execution of many clients (`train_batch`, vmapped) uses t-indexed full-size steps: every step
   knows its global index t, so a client with fewer steps than the batch's longest simply masks the

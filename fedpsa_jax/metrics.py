@@ -96,3 +96,58 @@ def _all_finite(tree: Params) -> jax.Array:
 def tree_is_finite(tree: Params) -> bool:
   """True when every leaf is free of NaN and Inf (one host sync; used only at evaluation)."""
   return bool(jax.device_get(_all_finite(tree)))
+
+
+def _personalized(history: Sequence[dict]) -> dict[str, Any]:
+  """Final and best personalised accuracy, when the run evaluates on local test splits."""
+  accs = [r["personalized_accuracy"] for r in history if "personalized_accuracy" in r]
+  if not accs:
+    return {}
+  return {"final_personalized_accuracy": accs[-1], "best_personalized_accuracy": max(accs)}
+
+
+def _to_target(history: Sequence[dict], target: float | None) -> dict[str, Any]:
+  """The first evaluation at or above `target` (time-to-accuracy; None if never reached), on test accuracy
+  and, when the run has it, on personalised accuracy."""
+  if not target:
+    return {}
+  fields = ("day", "time", "round", "client_updates", "bytes_uploaded")
+  hit = next((r for r in history if r["test_accuracy"] >= target), None)
+  out = {"target_accuracy": target, **{f"{k}_to_target": hit[k] if hit else None for k in fields}}
+  if any("personalized_accuracy" in r for r in history):
+    hit = next((r for r in history if r.get("personalized_accuracy", -1.0) >= target), None)
+    out.update({f"personalized_{k}_to_target": hit[k] if hit else None for k in fields})
+  return out
+
+
+def summarize(history: Sequence[dict], loop: Any, run: dict[str, Any], accounting: dict[str, Any],
+              target_accuracy: float | None = None, units_per_day: int = 86_400) -> dict[str, Any]:
+  """A run's summary.json, a pure function of its metrics history, its loop state (`LoopState`), what run
+  it is (`run`: method, dataset, model, seed) and the host's accounting (`accounting`: wall and compute
+  seconds, the executor's statistics, compiles)."""
+  accs = [r["test_accuracy"] for r in history]
+  days = [r["day"] for r in history]
+  area = aulc(days, accs)
+  wall = accounting["wall_seconds"]
+  updates = loop.client_updates
+  return {
+      "status": loop.status, **run,
+      "final_test_accuracy": accs[-1] if accs else None,
+      "best_test_accuracy": max(accs) if accs else None,
+      "final_test_loss": history[-1]["test_loss"] if history else None,
+      "aulc": area, "aulc_per_day": area / days[-1] if days and days[-1] > 0 else 0.0,
+      "virtual_days": loop.now / units_per_day, "time": loop.now, "rounds": loop.round,
+      "client_updates": updates, "client_updates_per_second": updates / wall if wall > 0 else 0.0,
+      # Accounting: client compute = local training plus client payloads (train_seconds);
+      # server compute = the strategy's receive steps; bytes as the strategy counts them.
+      "server_compute_seconds": loop.server_seconds,
+      "bytes_uploaded": loop.bytes_uploaded, "bytes_downloaded": loop.bytes_downloaded,
+      # Accumulated upload in MiB (2^20 bytes), e.g. AiFed's cost_a (its Eq. 17).
+      "uploaded_mb": loop.bytes_uploaded / 2 ** 20,
+      "upload_bytes_per_update": loop.bytes_uploaded / updates if updates else 0.0,
+      "download_bytes_per_update": loop.bytes_downloaded / updates if updates else 0.0,
+      "diverged_at": loop.diverged_at if loop.status == "diverged" else None,
+      **_personalized(history),
+      **_to_target(history, target_accuracy),
+      **accounting,
+  }

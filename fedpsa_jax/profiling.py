@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fedpsa_jax import fisher, local, seeding, sensitivity, strategies
-from fedpsa_jax.data.calibration import make_calibration_batch
+from fedpsa_jax import fisher, local, sensitivity, strategies
+from fedpsa_jax.strategies.fedpsa import calibration_batch
 
 CALIBRATION_SIZES = (16, 32, 128, 512)
 
@@ -80,7 +80,7 @@ class Profiler:
     config.output.progress = False
     self.sim = Simulation(config, workdir=None)
     self.config, self.repeats, self.trace = config, repeats, trace
-    self.params = self.sim.strategy.eval_params(self.sim.state)
+    self.params = self.sim.strategy.eval_models(self.sim.state).params
     self.apply_fn = self.sim.model.apply
     self.rows: list[dict[str, Any]] = []
 
@@ -132,10 +132,9 @@ class Profiler:
              partial_rows=rest)
 
   def sensitivity_pieces(self, sizes: Sequence[int]) -> None:
-    c = self.config
-    rng = seeding.host_rng(c.seed, "calibration")
+    c, ctx = self.config, self.sim.strategy.ctx
     for size in sizes:
-      x, y = map(jnp.asarray, make_calibration_batch(c.sensitivity.calibration, size, self.sim.dataset, rng))
+      x, y = calibration_batch(ctx, c.sensitivity.calibration, size)
       chunk = c.sensitivity.chunk_size
       # The batch is an argument, not a closed-over constant: XLA would constant-fold its im2col.
       reference = lambda p, x, y: sensitivity.fisher_diagonal(self.apply_fn, p, x, y, chunk_size=chunk,
@@ -157,8 +156,7 @@ class Profiler:
              functools.partial(jax.jit(sensitivity.sketch), R, self.params), k=c.sensitivity.sketch_dim, d=d)
     # What a FedPSA client adds to its update: g, Fisher, Eq. 8 and the sketch in one compiled call,
     # on the configured calibration batch and Fisher path.
-    x, y = map(jnp.asarray, make_calibration_batch(c.sensitivity.calibration, c.sensitivity.calibration_size,
-                                                   self.sim.dataset, rng))
+    x, y = calibration_batch(ctx, c.sensitivity.calibration, c.sensitivity.calibration_size)
     whole = lambda p, x, y: sensitivity._sketch_of(self.apply_fn, p, R, x, y, chunk_size=c.sensitivity.chunk_size,
                                                    use_sensitivity=True, method=c.sensitivity.fisher)
     self._add_on_batch("client_sensitivity_sketch", whole, x, y, calibration=c.sensitivity.calibration_size,
@@ -190,18 +188,8 @@ class Profiler:
         continue  # not applicable to this model (FedPAC on the linear model)
       strategy = registered[method](config, self.sim.strategy.ctx)
       state = strategy.init(self.params)
-      count = _arrivals_for_a_round(strategy, config)
-      arrivals = []
-      for i in range(count):
-        client = i % fed.num_clients
-        start = strategy.params_for(state, client)
-        end = jax.tree.map(lambda p, k=i: p + 1e-3 * jax.random.normal(jax.random.key(k), p.shape, p.dtype), start)
-        job = strategies.ClientJob(client, fed.x_train, fed.y_train, fed.client_indices[client],
-                                   int(fed.client_sizes[client]), strategy.client_aux(state, client))
-        arrivals.append(strategies.Arrival(
-            client=client, num_samples=int(fed.client_sizes[client]), staleness=i % 3, dispatch_round=0,
-            params_start=start, delta=jax.tree.map(jnp.subtract, end, start),
-            payload=strategy.client_payload(start, end, job)))
+      arrivals = _arrivals_for_a_round(strategy, state, fed)
+      count = len(arrivals)
       call = lambda: strategy.receive(state, arrivals)[0]
 
       def traced_step(s, starts, deltas, payloads, arrivals=arrivals, strategy=strategy):
@@ -214,20 +202,32 @@ class Profiler:
         cost = compiled_cost(traced_step, state, [a.params_start for a in arrivals], [a.delta for a in arrivals],
                              [a.payload for a in arrivals])
       except (jax.errors.JAXTypeError, jax.errors.ConcretizationTypeError, TypeError):
-        # host logic (FedPAC's scipy QP) cannot be traced: timed only
+        # host logic (FedPAC's scipy QP, AiFed's host-side upload check) cannot be traced: timed only
         cost = {"flops": float("nan"), "bytes": float("nan"), "temp_bytes": float("nan")}
       self.add(f"server_step/{method}", cost, call, arrivals=count)
 
 
-def _arrivals_for_a_round(strategy: strategies.Strategy, config: ml_collections.ConfigDict) -> int:
-  """How many same-time arrivals make the strategy complete a round."""
-  section = config.get(strategy.name, ml_collections.ConfigDict())
-  for field in ("buffer_size", "window_size"):
-    if field in section:
-      return int(section[field])
-  if strategy.dispatch_mode == "sync":
-    return strategy.ctx.concurrency
-  return 1
+def _arrivals_for_a_round(strategy: strategies.Strategy, state: Any, fed: Any,
+                          limit: int = 1000) -> list[strategies.Arrival]:
+  """Client updates (the global model plus small noise, with real payloads) that complete one round when
+  received together: the fewest, found by receiving them one at a time until the strategy says a round
+  happened (so the profiler needs to know no strategy's fields)."""
+  arrivals = []
+  probe = state
+  for i in range(limit):
+    client = i % fed.num_clients
+    probe, start, aux = strategy.dispatch(probe, client)
+    end = jax.tree.map(lambda p, k=i: p + 1e-3 * jax.random.normal(jax.random.key(k), p.shape, p.dtype), start)
+    job = strategies.ClientJob(client, fed.x_train, fed.y_train, fed.client_indices[client],
+                               int(fed.client_sizes[client]), aux)
+    payload = strategy.client.payload(start, end, job) if strategy.client.payload is not None else ()
+    arrivals.append(strategies.Arrival(
+        client=client, num_samples=int(fed.client_sizes[client]), staleness=i % 3, dispatch_round=0,
+        params_start=start, delta=jax.tree.map(jnp.subtract, end, start), payload=payload))
+    probe, changed = strategy.receive(probe, arrivals[-1:])
+    if changed:
+      return arrivals
+  raise RuntimeError(f"{strategy.name}: no round after {limit} arrivals")
 
 
 def profile(config: ml_collections.ConfigDict, *, repeats: int = 5,

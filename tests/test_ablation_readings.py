@@ -22,6 +22,7 @@ from fedpsa_jax import config as config_lib
 from fedpsa_jax.models import TinyMLP
 from fedpsa_jax.strategies import Arrival, StrategyContext
 from fedpsa_jax.strategies import fedpsa as fedpsa_lib
+from helpers import strategy_context
 from numerics import assert_close, f32_tolerance
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,13 +35,13 @@ GAMMA, DELTA = 5.0, 0.5  # the paper's: γ + δ = 5.5
 def _ctx() -> StrategyContext:
   rng = np.random.default_rng(1)
   calibration = (jnp.asarray(rng.normal(size=(8, 4)), jnp.float32), jnp.asarray(rng.integers(0, 3, 8), jnp.int32))
-  return StrategyContext(apply_fn=MODEL.apply, num_clients=6, client_sizes=np.arange(1, 7) * 10, concurrency=3,
-                         num_classes=3, seed=0, calibration_batch=lambda: calibration)
+  return strategy_context(MODEL, PARAMS0, train_batch=calibration)
 
 
 def _config(fixed: float, no_temperature: bool = True, no_sensitivity: bool = False, buffer_size: int = 3):
   c = config_lib.base_config()
   c.sensitivity.sketch_dim = K
+  c.sensitivity.calibration, c.sensitivity.calibration_size = "real", 8  # _ctx's batch
   c.fedpsa.buffer_size = buffer_size
   c.fedpsa.queue_length = 2  # fills at the first flush: under no_temperature Temp must still not move
   c.fedpsa.gamma, c.fedpsa.delta = GAMMA, DELTA
@@ -175,10 +176,12 @@ def test_table6_temperature_reaches_the_strategy():
     if m.labels["alpha"] != 0.1 or m.labels["concurrency"] != 0.2 or not m.config.fedpsa.no_temperature:
       continue
     m.config.sensitivity.sketch_dim = K
+    m.config.sensitivity.calibration, m.config.sensitivity.calibration_size = "real", 8  # _ctx's batch
     state = fedpsa_lib.FedPSA(m.config, _ctx()).init(PARAMS0)
     assert float(state.temperature) == pytest.approx(INTENDED[m.labels["variant"]][2], rel=1e-6), m.name
 
 
 def test_table6_bad_argument_names_temps():
-  with pytest.raises(config_lib.ConfigError, match="allowed: smoke, seeds=K.*also takes temps"):
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"'tmps' is invalid \(did you mean 'temps'\?\); allowed: smoke, seeds=.*, temps"):
     _table6("tmps")

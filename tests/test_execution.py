@@ -39,18 +39,18 @@ def _jobs(sim, count, seed=0):
   """`count` jobs on clients of different sizes, each from its own parameters and lr."""
   rng = np.random.default_rng(seed)
   clients = rng.choice(sim.fed.num_clients, size=count, replace=False)
-  base = sim.strategy.eval_params(sim.state)
+  base = sim.strategy.eval_models(sim.state).params
   jobs = []
   for job_id, client in enumerate(clients):
     noise = jax.tree.map(lambda x: 0.01 * job_id * jnp.ones_like(x), base)
     params = jax.tree.map(jnp.add, base, noise)
     jobs.append(executor_lib.Job(Dispatch(job_id, int(client), 0, 1), params, 0.05 / (1 + job_id), 0,
-                                 sim.strategy.client_aux(sim.state, int(client))))
+                                 sim.strategy.dispatch(sim.state, int(client))[2]))
   return jobs
 
 
 def _results(sim, execution, jobs):
-  ex = executor_lib.ClientExecutor(sim.executor.trainer, sim.fed, sim.strategy, sim.executor.clients_key, execution)
+  ex = executor_lib.make_executor(execution, sim.executor.trainer, sim.fed, sim.strategy, sim.executor.clients_key)
   for job in jobs:
     ex.submit(job)
   return {job.dispatch.job_id: ex.result(job.dispatch.job_id) for job in jobs}, ex.stats
@@ -254,10 +254,10 @@ def test_loop_issues_each_job_when_it_is_dispatched():
   sim = runner.Simulation(small_config("fedbuff", partition__method="dirichlet", partition__alpha=0.1,
                                        local__batch_size=32))
   jobs = _jobs(sim, 3)
-  ex = executor_lib.ClientExecutor(sim.executor.trainer, sim.fed, sim.strategy, sim.executor.clients_key, "loop")
+  ex = executor_lib.make_executor("loop", sim.executor.trainer, sim.fed, sim.strategy, sim.executor.clients_key)
   for job in jobs:
     ex.submit(job)
-  assert set(ex.issued) == {0, 1, 2} and ex.stats.jobs == 3 and not ex.pending
+  assert set(ex.issued) == {0, 1, 2} and ex.stats.jobs == 3 and isinstance(ex, executor_lib.LoopExecutor)
   assert ex.device_work[ex.devices[0]] == sum(ex.work_of(j) for j in jobs)
   alone, _ = _results(sim, "loop", jobs[1:2])
   for a, b in zip(jax.tree.leaves(ex.result(1)), jax.tree.leaves(alone[1])):
@@ -274,7 +274,7 @@ from helpers import small_config
 sim = runner.Simulation(small_config("fedpsa", partition__method="dirichlet", partition__alpha=0.1,
                                      local__batch_size=32))
 jobs = _jobs(sim, 6)
-ex = executor_lib.ClientExecutor(sim.executor.trainer, sim.fed, sim.strategy, sim.executor.clients_key, "loop")
+ex = executor_lib.make_executor("loop", sim.executor.trainer, sim.fed, sim.strategy, sim.executor.clients_key)
 for job in jobs:
   ex.submit(job)
 trained_on = {{j: sorted(d.id for d in jax.tree.leaves(end)[0].devices()) for j, (_, end, _) in ex.issued.items()}}

@@ -19,6 +19,7 @@ from fedpsa_jax import config as config_lib
 from fedpsa_jax.models import TinyMLP
 from fedpsa_jax.strategies import Arrival, StrategyContext
 from fedpsa_jax.strategies.fedasync import FedAsync
+from helpers import strategy_context
 from numerics import assert_close, f32_tolerance
 
 MODEL = TinyMLP(num_classes=3, hidden=5)
@@ -27,8 +28,7 @@ ALPHA = 0.6
 
 
 def _ctx() -> StrategyContext:
-  return StrategyContext(apply_fn=MODEL.apply, num_clients=4, client_sizes=np.array([10, 20, 30, 40]),
-                         concurrency=2, num_classes=3, seed=0, calibration_batch=lambda: None)
+  return strategy_context(MODEL, PARAMS0, num_clients=4, sizes=[10, 20, 30, 40], concurrency=2)
 
 
 def _config(staleness: str) -> ml_collections.ConfigDict:

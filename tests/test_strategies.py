@@ -17,11 +17,12 @@ from fedpsa_jax import config as config_lib
 from fedpsa_jax import seeding, sensitivity
 from fedpsa_jax.compiles import CompileCounter
 from fedpsa_jax.models import TinyMLP
-from fedpsa_jax.strategies import Arrival, StrategyContext
+from fedpsa_jax.strategies import Arrival
 from fedpsa_jax.strategies.fedasync import FedAsync, staleness_weight
 from fedpsa_jax.strategies.fedavg import FedAvg
 from fedpsa_jax.strategies.fedbuff import FedBuff
 from fedpsa_jax.strategies.fedpsa import FedPSA
+from helpers import strategy_context
 from numerics import assert_close, f32_tolerance
 
 K_SKETCH = 6  # sketch_dim k of the FedPSA tests
@@ -44,10 +45,8 @@ PARAMS0 = MODEL.init(jax.random.key(3), jnp.zeros((1, 4), jnp.float32))
 
 
 def _ctx(num_clients=6, sizes=None, concurrency=3, seed=0):
-  sizes = np.arange(1, num_clients + 1) * 10 if sizes is None else np.asarray(sizes)
-  return StrategyContext(apply_fn=MODEL.apply, num_clients=num_clients, client_sizes=sizes,
-                         concurrency=concurrency, num_classes=NUM_CLASSES, seed=seed,
-                         calibration_batch=_calibration)
+  return strategy_context(MODEL, PARAMS0, num_clients=num_clients, sizes=sizes, concurrency=concurrency,
+                          num_classes=NUM_CLASSES, seed=seed, train_batch=_calibration())
 
 
 def _np_tree(tree):
@@ -100,6 +99,7 @@ def _fedpsa(buffer_size=2, queue_length=3, gamma=1.0, delta=0.2, no_temperature=
   cfg.seed = seed
   cfg.sensitivity.sketch_dim = K_SKETCH
   cfg.sensitivity.chunk_size = 4
+  cfg.sensitivity.calibration, cfg.sensitivity.calibration_size = "real", 8  # the test's batch (_calibration)
   cfg.fedpsa.buffer_size = buffer_size
   cfg.fedpsa.queue_length = queue_length
   cfg.fedpsa.gamma = gamma
@@ -340,7 +340,7 @@ def test_fedpsa_client_payload_is_sensitivity_sketch_of_trained_params():
   end = jax.tree.map(lambda a, b: a + b, PARAMS0, _random_like(PARAMS0, rng, 0.5))
   x, y = _calibration()
   R = _projection(0, sensitivity.num_params(PARAMS0))
-  assert_close(strategy.client_payload(start, end), R @ _hand_sensitivity_flat(end, x, y), SKETCH_TOL)
+  assert_close(strategy.client.payload(start, end, None), R @ _hand_sensitivity_flat(end, x, y), SKETCH_TOL)
   assert_close(state.global_sketch, R @ _hand_sensitivity_flat(PARAMS0, x, y), SKETCH_TOL)
 
 
@@ -409,11 +409,11 @@ def test_fedpsa_no_sensitivity_sketches_raw_params(no_temperature):
   R = _projection(seed, sensitivity.num_params(PARAMS0))
   rng = np.random.default_rng(10)
   end = jax.tree.map(lambda a, b: a + b, PARAMS0, _random_like(PARAMS0, rng, 0.5))
-  assert_close(strategy.client_payload(PARAMS0, end), R @ _flat(_np_tree(end)), RAW_SKETCH_TOL)
+  assert_close(strategy.client.payload(PARAMS0, end, None), R @ _flat(_np_tree(end)), RAW_SKETCH_TOL)
   assert_close(state.global_sketch, R @ _flat(_np_tree(PARAMS0)), RAW_SKETCH_TOL)
   # κ from these sketches drives the flush; after it the global sketch is R θ_new.
   g = R @ _flat(_np_tree(PARAMS0))
-  p = [np.asarray(strategy.client_payload(PARAMS0, end)), -g]
+  p = [np.asarray(strategy.client.payload(PARAMS0, end, None)), -g]
   deltas = [_random_like(PARAMS0, rng, 0.1), _random_like(PARAMS0, rng, 0.1)]
   w = _np_tree(state.params)
   state, _ = strategy.receive(state, [_arrival(0, deltas[0], jnp.asarray(p[0]))])
@@ -433,8 +433,8 @@ def test_fedpsa_sensitivity_sketch_differs_from_param_sketch():
   # The default mode must not silently sketch raw parameters (the ablation switch must matter).
   s_default, _ = _fedpsa(no_sensitivity=False)
   s_ablate, _ = _fedpsa(no_sensitivity=True)
-  a = np.asarray(s_default.client_payload(PARAMS0, PARAMS0))
-  b = np.asarray(s_ablate.client_payload(PARAMS0, PARAMS0))
+  a = np.asarray(s_default.client.payload(PARAMS0, PARAMS0, None))
+  b = np.asarray(s_ablate.client.payload(PARAMS0, PARAMS0, None))
   assert abs(_cos(a, b)) < 0.99
 
 
@@ -609,10 +609,10 @@ def test_fedasync_proximal_regularizer():
   rng = np.random.default_rng(3)
   p, w0 = _tiny_delta(rng), _tiny_delta(rng)
   expected = mu / 2 * float(np.sum(( _flat(_np_tree(p)) - _flat(_np_tree(w0))) ** 2))
-  np.testing.assert_allclose(float(strategy.regularizer(p, w0)), expected, rtol=1e-5)
-  np.testing.assert_allclose(float(strategy.regularizer(p, p)), 0.0, atol=1e-7)
+  np.testing.assert_allclose(float(strategy.client.regularizer(p, w0)), expected, rtol=1e-5)
+  np.testing.assert_allclose(float(strategy.client.regularizer(p, p)), 0.0, atol=1e-7)
   none, _ = _fedasync(mu=0.0)
-  assert none.regularizer is None
+  assert none.client.regularizer is None
 
 
 # --- FedAvg -----------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from fedpsa_jax import local, strategies
 from fedpsa_jax.compiles import CompileCounter
 from fedpsa_jax.data.federated import FederatedData
 from fedpsa_jax.sim.scheduler import Dispatch
+from fedpsa_jax.tree_util import tree_sub
 
 Params = Any
 EXECUTIONS = ("auto", "loop", "vmap", "sharded")
@@ -48,14 +49,9 @@ EXECUTIONS = ("auto", "loop", "vmap", "sharded")
 def resolve_execution(execution: str, platform: str | None = None, device_count: int | None = None) -> str:
   """The backend `auto` stands for, per platform, as measured by benchmarks/throughput.py.
 
-  CPU: `loop`. vmapping conv training over clients with different parameters becomes grouped
-  convolutions, which XLA:CPU runs several times slower than separate convs (MNIST CNN, FedBuff: 0.61
-  updates/s against 3.3-4.5). Models without convolutions do run faster vmapped on a CPU (FedBuff
-  linear: 403 against 213-242; FedPSA tiny MLP: 268 against 205), but a vmapped client's result
-  depends on its batch's composition at float precision, so a run resumed from a checkpoint would not
-  repeat the uninterrupted run bit for bit (the resume tests fail with it): `auto` keeps `loop` there,
-  and `vmap` is one setting away when speed matters more. GPU/TPU: `vmap` on one device (one kernel
-  launch per step for all clients instead of one per client), `sharded` over several.
+  CPU: `loop` (vmapped conv training is much slower there, and a vmapped client's result depends on its
+  batch's composition, which would break bitwise resume). GPU/TPU: `vmap` on one device, `sharded` over
+  several. The measurements: docs/performance.md.
   """
   if execution != "auto":
     return execution
@@ -84,14 +80,13 @@ class Job:
   params_start: Params
   lr: float
   dispatch_round: int
-  aux: Any = ()  # the strategy's `client_aux` at dispatch (e.g. FedPAC's global prototypes)
+  aux: Any = ()  # the aux of the strategy's `dispatch` (e.g. FedPAC's global prototypes)
 
 
 @dataclasses.dataclass
 class ExecutionStats:
   """What the executor did: batches, jobs and SGD steps (needed vs run, the difference is padding)."""
 
-  calls: int = 0  # times the host waited for results (loop: one per job; vmap/sharded: per batched call)
   batches: int = 0  # batched calls (loop: one per job)
   jobs: int = 0
   steps_needed: int = 0  # Σ each job's own step count
@@ -105,7 +100,6 @@ class ExecutionStats:
     return 1.0 - self.steps_needed / self.steps_run if self.steps_run else 0.0
 
 
-_tree_sub = jax.jit(lambda a, b: jax.tree.map(jnp.subtract, a, b))
 _job_keys = jax.jit(jax.vmap(jax.random.fold_in, in_axes=(None, 0)))
 
 
@@ -126,70 +120,29 @@ def batch_sizes(count: int, multiple: int = 1) -> list[int]:
 
 
 class ClientExecutor:
-  """Runs local training for dispatched jobs, lazily: all pending jobs when a result is needed."""
+  """What every backend shares, and the protocol the runner uses: `submit(job)` when a job is dispatched,
+  `result(job_id) -> (Δ, payload)` when it arrives, `wait_for_home()` before a server step, and the
+  accounting (`train_seconds`, `stats`). `make_executor` builds the backend a config names."""
+
+  execution: str = ""
 
   def __init__(self, trainer: local.LocalTrainer, fed: FederatedData, strategy: strategies.Strategy,
-               clients_key: jax.Array, execution: str = "loop", compiles: CompileCounter | None = None):
-    if execution not in EXECUTIONS[1:]:
-      raise ValueError(f"local.execution={execution!r} is invalid; allowed: {', '.join(EXECUTIONS)}")
+               clients_key: jax.Array, compiles: CompileCounter | None = None):
     self.trainer, self.fed, self.strategy, self.clients_key = trainer, fed, strategy, clients_key
-    self.execution = execution
     self.compiles = compiles
-    self.pending: dict[int, Job] = {}
     self.results: dict[int, tuple[Params, Any]] = {}
     self.train_seconds = 0.0
     self.stats = ExecutionStats()
-    self.mesh = None
-    self.x_all, self.y_all = fed.x_train, fed.y_train
     self.home = fed.home  # where the data and the server state live
-    # loop: each client device holds its own copy of the data, made once here.
-    self.devices = client_devices(execution, self.home)
-    self.issued: dict[int, tuple[Job, Params, jax.Device]] = {}  # loop: job id -> (job, trained params, device)
-    self.device_work = dict.fromkeys(self.devices, 0)  # loop: samples × epochs given to each device so far
-    self.device_data = {d: ((fed.x_train, fed.y_train, fed.client_indices) if d == self.home else
-                            jax.device_put((fed.x_train, fed.y_train, fed.client_indices), d)) for d in self.devices}
-    if execution == "sharded":
-      self.mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("clients",))
-      # The data lives on every device once, not copied at every call.
-      replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-      self.x_all, self.y_all = jax.device_put((fed.x_train, fed.y_train), replicated)
-      self.split = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec("clients"))
 
   def submit(self, job: Job) -> None:
-    """loop: issues the job's training now, on the client device with the least work so far (the host
-    does not wait for it); vmap/sharded: records it for the next batched call."""
-    if self.execution != "loop":
-      self.pending[job.dispatch.job_id] = job
-      return
-    with self._timed():
-      device = min(self.devices, key=lambda d: self.device_work[d])  # (ties: the first device)
-      self.device_work[device] += self.work_of(job)
-      self.issued[job.dispatch.job_id] = (job, self._loop_one(job, device), device)
+    raise NotImplementedError
 
   def result(self, job_id: int) -> tuple[Params, Any]:
-    """(Δ, payload) of a job: loop waits for its training; vmap/sharded compute every pending job first
-    if this one is not done yet."""
-    if self.execution == "loop":
-      with self._timed():
-        job, end, _ = self.issued.pop(job_id)
-        self.stats.calls += 1
-        self._block_home()  # the payload below runs there: its time must not include queued training
-        self._finish([job], [jax.device_put(end, self.home)])
-    elif job_id not in self.results:
-      with self._timed():
-        self._compute_pending()
-    return self.results.pop(job_id)
+    raise NotImplementedError
 
   def wait_for_home(self) -> None:
-    """Waits for the training issued on the server's device, if it trains clients too (loop on one or two
-    devices), counted as client compute. A device runs its work in order, so a server step issued now
-    would wait for that training anyway, and its measured time would be the clients'."""
-    with self._timed():
-      self._block_home()
-
-  def _block_home(self) -> None:
-    if self.home in self.device_work:
-      jax.block_until_ready([end for _, end, device in self.issued.values() if device == self.home])
+    """Waits for client training queued on the server's device (none by default)."""
 
   def work_of(self, job: Job) -> int:
     """The samples a job's unrolled schedule runs (partial batches at their own size), all epochs."""
@@ -222,24 +175,61 @@ class ClientExecutor:
                                 index_row=self.fed.client_indices[client],
                                 num_samples=int(self.fed.client_sizes[client]), aux=job.aux)
 
-  def _compute_pending(self) -> None:
-    jobs = [job for _, job in sorted(self.pending.items())]
-    self.stats.calls += 1
-    self._batched(jobs)
-    jax.block_until_ready(list(self.results.values()))
-    self.pending.clear()
-
   def _finish(self, jobs: Sequence[Job], ends: Sequence[Params]) -> None:
     """Every job's payload and Δ from its trained parameters (loop: one job; vmap/sharded: a batch): the
     payloads are issued together once the training is done, so that their time is told apart from it."""
     jax.block_until_ready(ends)
     start = time.perf_counter()
-    payloads = [self.strategy.client_payload(job.params_start, end, self._client_job(job))
+    payload = self.strategy.client.payload
+    payloads = [payload(job.params_start, end, self._client_job(job)) if payload is not None else ()
                 for job, end in zip(jobs, ends)]
     jax.block_until_ready(payloads)
     self.stats.payload_seconds += time.perf_counter() - start
     for job, end, payload in zip(jobs, ends, payloads):
-      self.results[job.dispatch.job_id] = (_tree_sub(end, job.params_start), payload)
+      self.results[job.dispatch.job_id] = (tree_sub(end, job.params_start), payload)
+
+
+class LoopExecutor(ClientExecutor):
+  """`loop`: one jitted client update per job, issued at dispatch on the least-loaded client device."""
+
+  execution = "loop"
+
+  def __init__(self, trainer: local.LocalTrainer, fed: FederatedData, strategy: strategies.Strategy,
+               clients_key: jax.Array, compiles: CompileCounter | None = None):
+    super().__init__(trainer, fed, strategy, clients_key, compiles)
+    # Each client device holds its own copy of the data, made once here.
+    self.devices = client_devices("loop", self.home)
+    self.issued: dict[int, tuple[Job, Params, jax.Device]] = {}  # job id -> (job, trained params, device)
+    self.device_work = dict.fromkeys(self.devices, 0)  # samples × epochs given to each device so far
+    self.device_data = {d: ((fed.x_train, fed.y_train, fed.client_indices) if d == self.home else
+                            jax.device_put((fed.x_train, fed.y_train, fed.client_indices), d)) for d in self.devices}
+
+  def submit(self, job: Job) -> None:
+    """Issues the job's training now, on the client device with the least work so far (the host does not
+    wait for it)."""
+    with self._timed():
+      device = min(self.devices, key=lambda d: self.device_work[d])  # (ties: the first device)
+      self.device_work[device] += self.work_of(job)
+      self.issued[job.dispatch.job_id] = (job, self._loop_one(job, device), device)
+
+  def result(self, job_id: int) -> tuple[Params, Any]:
+    """(Δ, payload) of a job, once its training is done."""
+    with self._timed():
+      job, end, _ = self.issued.pop(job_id)
+      self._block_home()  # the payload below runs there: its time must not include queued training
+      self._finish([job], [jax.device_put(end, self.home)])
+    return self.results.pop(job_id)
+
+  def wait_for_home(self) -> None:
+    """Waits for the training issued on the server's device, if it trains clients too (one or two
+    devices), counted as client compute. A device runs its work in order, so a server step issued now
+    would wait for that training anyway, and its measured time would be the clients'."""
+    with self._timed():
+      self._block_home()
+
+  def _block_home(self) -> None:
+    if self.home in self.device_work:
+      jax.block_until_ready([end for _, end, device in self.issued.values() if device == self.home])
 
   def _loop_one(self, job: Job, device: jax.Device) -> Params:
     """Issues one job's local training on `device` and returns its (not yet computed) parameters."""
@@ -257,6 +247,42 @@ class ClientExecutor:
     self.stats.samples_needed += self.samples_of(job)
     self.stats.steps_run += steps
     return params_end
+
+
+class BatchedExecutor(ClientExecutor):
+  """`vmap` (`mesh` None) and `sharded` (the client axis split over `mesh`): lazy, every pending job
+  computed in power-of-two vmapped batches when a result is needed."""
+
+  def __init__(self, trainer: local.LocalTrainer, fed: FederatedData, strategy: strategies.Strategy,
+               clients_key: jax.Array, compiles: CompileCounter | None = None,
+               mesh: jax.sharding.Mesh | None = None):
+    super().__init__(trainer, fed, strategy, clients_key, compiles)
+    self.execution = "vmap" if mesh is None else "sharded"
+    self.mesh = mesh
+    self.pending: dict[int, Job] = {}
+    self.x_all, self.y_all = fed.x_train, fed.y_train
+    if mesh is not None:
+      # The data lives on every device once, not copied at every call.
+      replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+      self.x_all, self.y_all = jax.device_put((fed.x_train, fed.y_train), replicated)
+      self.split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("clients"))
+
+  def submit(self, job: Job) -> None:
+    """Records the job for the next batched call."""
+    self.pending[job.dispatch.job_id] = job
+
+  def result(self, job_id: int) -> tuple[Params, Any]:
+    """(Δ, payload) of a job; every pending job is computed first if this one is not done yet."""
+    if job_id not in self.results:
+      with self._timed():
+        self._compute_pending()
+    return self.results.pop(job_id)
+
+  def _compute_pending(self) -> None:
+    jobs = [job for _, job in sorted(self.pending.items())]
+    self._batched(jobs)
+    jax.block_until_ready(list(self.results.values()))
+    self.pending.clear()
 
   def _batched(self, jobs: list[Job]) -> None:
     """Buckets by step count (next power of two), then power-of-two batches of similar step counts."""
@@ -296,3 +322,16 @@ class ClientExecutor:
     self.stats.batches += 1
     self.stats.jobs += real
     self.stats.steps_run += size * total_steps
+
+
+def make_executor(execution: str, trainer: local.LocalTrainer, fed: FederatedData, strategy: strategies.Strategy,
+                  clients_key: jax.Array, compiles: CompileCounter | None = None) -> ClientExecutor:
+  """The backend `execution` names (`loop`, `vmap` or `sharded`; resolve `auto` first)."""
+  if execution == "loop":
+    return LoopExecutor(trainer, fed, strategy, clients_key, compiles)
+  if execution == "vmap":
+    return BatchedExecutor(trainer, fed, strategy, clients_key, compiles)
+  if execution == "sharded":
+    return BatchedExecutor(trainer, fed, strategy, clients_key, compiles,
+                           mesh=jax.sharding.Mesh(np.array(jax.local_devices()), ("clients",)))
+  raise ValueError(f"local.execution={execution!r} is invalid; allowed: {', '.join(EXECUTIONS)}")

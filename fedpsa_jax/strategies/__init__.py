@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from fedpsa_jax.strategies.base import (Arrival, ClientJob, LocalLoss, Strategy, StrategyContext, get_strategy, register,
-                                        registered, tree_bytes)
+from fedpsa_jax.strategies.base import (Arrival, ClientJob, ClientSide, EvalModels, Strategy, StrategyContext,
+                                        get_strategy, register, registered)
 
 _LOADED = False
 
@@ -21,10 +21,10 @@ def load_all() -> None:
   if _LOADED:
     return
   for info in pkgutil.iter_modules(__path__):
-    if info.name != "base":
+    if info.name not in ("base", "common"):
       importlib.import_module(f"{__name__}.{info.name}")
   _LOADED = True
 
 
-__all__ = ["Arrival", "ClientJob", "LocalLoss", "Strategy", "StrategyContext", "get_strategy", "load_all", "register",
-           "registered", "tree_bytes"]
+__all__ = ["Arrival", "ClientJob", "ClientSide", "EvalModels", "Strategy", "StrategyContext", "get_strategy",
+           "load_all", "register", "registered"]

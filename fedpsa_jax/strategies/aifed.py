@@ -15,10 +15,44 @@ ALMU, the client (Sec. IV-A, Algorithm 1 part 1), one jitted pure function of ar
 - rc_l = squared Pearson correlation of RDA_l under the received global model and under the trained
   local model (Eq. 8);
 - AT = 1 / (1 + exp(-(α_r̂ r̂ + α_acc δ_acc))) (Eq. 9), r̂ the round of the received model;
-- layer l is uploaded iff rc_l >= AT (Eq. 8 as printed); nothing is sent when no layer qualifies.
-  The prose ("filter out redundant knowledge") also fits the opposite reading, sending the layers whose
-  representations changed: `upload_when='changed'` uploads iff rc_l < AT (default: as printed).
+- the upload rule F (`upload_when`, three readings; nothing is sent when no layer qualifies):
+  - `consistent` (default): layer l is uploaded iff rc_l >= AT (Eq. 8 as printed);
+  - `changed`: iff rc_l < AT. The prose ("filter out redundant knowledge") also fits this opposite
+    reading, sending the layers whose representations changed;
+  - `rank`: the authors' public code's rule (see "The rank reading" below): rc_l is ranked among the
+    last W reports and layer l is uploaded with probability 1 − (j + 1)/W, j its rank from the least
+    consistent (0) up; AT is not used.
 It sends the chosen layers with its mask, r̂, n and its level of information richness, LIR (below).
+
+The rank reading (`upload_when='rank'`). The authors' code (github nobody910/AiFed, the repository
+behind IntelligentSystemsLab/AiFed, whose stored copy holds only its README; `AiFed/AiFed{IE,LN}_*.py`,
+identical in this part; read, not copied) computes rc (Eq. 8, first RDM row) for one layer, its first
+dense layer (the largest), for each of the m = K·c = 40 × 0.2 = 8 clients of a round, sorts the m values
+ascending, gives probability p_i = (i + 1)/m to position i, draws u ~ U[0, 1) per client and uploads that
+layer iff u >= p (the other layers always go; a withheld layer is replaced by the global one). As written
+it indexes p by the client's position in the round's random sample rather than by its place in the sort,
+which makes the decision independent of rc; the sort only makes sense as a rank, so it is read here as
+the rank rule: P(upload) = 1 − (j + 1)/m, j = 0 for the least consistent (most changed) client, which
+uploads with probability (m − 1)/m, up to j = m − 1, the most consistent, which never does. Either way
+a layer goes with probability (m − 1)/(2m) on average (7/16 at m = 8): the saving comes from the rule's
+rate, rc only choosing which clients send.
+The asynchronous adaptation (the code's round of m clients trained from one model does not exist here):
+- the group is a window: a client ranks its rc_l among the rc_l of the last W − 1 updates the server
+  received (`rank_window` W, default 8 = the code's m), itself the W-th value; j = the number of window
+  values strictly below rc_l (ties count in the client's favour: it uploads more readily);
+- every update reports its rc [L] to the server (in `payload['sent']`, counted in its bytes, also when no
+  layer is sent, then at L × 4 bytes alone); the server keeps the last W − 1 reports in a ring buffer
+  (`AiFedState.rc_window`, device state, checkpointed with the rest) and sends it with the model at
+  dispatch (the aux of `dispatch`, counted in the download bytes), so the client decides locally, in the jitted
+  `almu_payload`, on what it was dispatched with (a job still depends only on its dispatch record);
+- until the server has received W − 1 reports there is no full group to rank in, and the client sends
+  every layer (the run's first ~2 C updates);
+- u comes from the key fold_in(fold_in(key(seed, 'aifed/upload'), client), reports received at dispatch),
+  unique per update (a client is re-dispatched only after its own report arrived) and independent of
+  the stimuli's key;
+- `rank_layers='all'` applies the rule to every layer, each with its own rank (the paper's per-layer F);
+  `'largest'` to the largest layer only, the others always sent (the code's choice: its gated dense
+  layer is the largest).
 
 AGMA, the server (Sec. IV-B, Algorithm 1 part 2): received (partial) models wait in a queue; an
 aggregation (one round) happens when the queue holds `buffer_size` models (`trigger='counter'`) or at
@@ -53,7 +87,8 @@ Adaptations (the paper is silent or ambiguous; the authors' code, see papers/aif
   k labels has up to k·S stimuli. They and the pairs are fixed per client for the run (key
   fold_in(seed key, client)), like the paper's stimuli "selected and marked in the training dataset".
 - rc_l is 0 when an RDA is constant or fewer than two valid pairs exist (no evidence of consistency).
-- The upload rule is the paper's threshold (Eq. 8-9), not the code's random rank-based rule.
+- The default upload rule is the paper's threshold (Eq. 8-9); the code's random rank-based rule is the
+  `rank` reading (above), adapted to asynchronous arrivals.
 - δ_acc = accuracy of the trained local model minus that of the received global model, by default on
   the client's stimuli (`accuracy_data='stimuli'`: the same forward passes that give the
   representations, so free), or on all its training data (`'local'`: two more passes over its data).
@@ -83,8 +118,9 @@ import ml_collections
 import numpy as np
 
 from fedpsa_jax import seeding
-from fedpsa_jax.strategies.base import Arrival, ClientJob, Strategy, register, tree_bytes
-from fedpsa_jax.strategies.fedbuff import buffer_size_errors
+from fedpsa_jax.strategies.base import Arrival, ClientJob, ClientSide, Strategy, register
+from fedpsa_jax.strategies.common import buffer_size_errors
+from fedpsa_jax.tree_util import tree_bytes
 
 Params = Any
 VARIANTS = ("aifed", "almu", "agma", "lis", "lir")
@@ -92,7 +128,8 @@ TRIGGERS = ("counter", "timer")
 LIR_KINDS = ("entropy", "label_number")
 NORMALISATIONS = ("lum", "senders")
 ACCURACY_DATA = ("stimuli", "local")
-UPLOAD_RULES = ("consistent", "changed")
+UPLOAD_RULES = ("consistent", "changed", "rank")
+RANK_LAYERS = ("all", "largest")
 STALENESS_BASE = math.e / 2.0  # Eq. 10
 
 
@@ -172,6 +209,23 @@ def adaptive_threshold(round_hat: jax.Array, delta_acc: jax.Array, alpha_round: 
   return jax.nn.sigmoid(alpha_round * jnp.asarray(round_hat, jnp.float32) + alpha_acc * delta_acc)
 
 
+def rank_upload_mask(rc: jax.Array, window: jax.Array, ready: jax.Array,
+                     key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The `rank` reading of F (the authors' code's rule, adapted to arrivals one at a time).
+
+  rc [L] is this client's consistency per layer (Eq. 8), window [W−1, L] the last W − 1 reported rc
+  vectors. Per layer, j = #{window values < rc_l} is the client's rank in the group of W (0: the least
+  consistent; ties rank it lowest), and the layer is uploaded iff u_l >= (j + 1)/W, u ~ U[0, 1) from
+  `key`: P(upload) = 1 − (j + 1)/W. Before the window is full (`ready` False) every layer is uploaded.
+  Returns the mask [L] and P(upload) [L]."""
+  group = window.shape[0] + 1
+  below = jnp.sum(window < rc[None, :], axis=0)
+  cut = (below + 1).astype(jnp.float32) / group  # the code's update_prob at this rank
+  u = jax.random.uniform(key, rc.shape)
+  mask = jnp.where(ready, u >= cut, True)
+  return mask, jnp.where(ready, 1.0 - cut, 1.0)
+
+
 def label_richness(counts: jax.Array, kind: str) -> jax.Array:
   """LIR from a client's label counts [C]: entropy −Σ p_i log2 p_i (IE, Eq. 12, 0 log 0 = 0) or the
   number of labels present (LN, Eq. 13)."""
@@ -201,11 +255,17 @@ def _local_accuracy(apply_fn, params, x_all, labels, index_row, valid, batch_siz
 
 def almu_payload(apply_fn: Callable, names: tuple[str, ...], num_classes: int, per_class: int, num_pairs: int,
                  alpha_round: float, alpha_acc: float, use_almu: bool, accuracy_data: str, lir_kind: str,
-                 batch_size: int, upload_when: str, params_start: Params, params_end: Params, x_all: jax.Array,
-                 y_all: jax.Array, index_row: jax.Array, num_samples: jax.Array, round_hat: jax.Array,
-                 key: jax.Array) -> dict[str, dict[str, jax.Array]]:
+                 batch_size: int, upload_when: str, rank_gated: tuple[bool, ...] | None, params_start: Params,
+                 params_end: Params, x_all: jax.Array, y_all: jax.Array, index_row: jax.Array,
+                 num_samples: jax.Array, round_hat: jax.Array, key: jax.Array, rc_window: jax.Array | None = None,
+                 window_ready: jax.Array | None = None,
+                 upload_key: jax.Array | None = None) -> dict[str, dict[str, jax.Array]]:
   """The client's upload decision (ALMU, Algorithm 1 lines 2-9) and LIR (Eq. 11), pure and jittable
-  (every argument before `params_start` is static). `payload['sent']` is what goes to the server."""
+  (every argument before `params_start` is static). `payload['sent']` is what goes to the server.
+
+  `upload_when='rank'` needs the server's window of rc reports as dispatched (`rc_window` [W−1, L],
+  `window_ready`) and the update's own key (`upload_key`); `rank_gated` [L] marks the layers the rule
+  decides (the others are always sent) and the client reports its rc in `sent`."""
   valid = jnp.arange(index_row.shape[0]) < num_samples
   labels = jnp.take(y_all, index_row)
   counts = jnp.sum(jax.nn.one_hot(labels, num_classes, dtype=jnp.float32) * valid[:, None], axis=0)
@@ -236,10 +296,18 @@ def almu_payload(apply_fn: Callable, names: tuple[str, ...], num_classes: int, p
                                     valid=valid.astype(jnp.float32), batch_size=batch_size)
       delta_acc = local_acc(params_end) - local_acc(params_start)
     threshold = adaptive_threshold(round_hat, delta_acc, alpha_round, alpha_acc)
-    mask = rc >= threshold if upload_when == "consistent" else rc < threshold
     local = {"rc": rc, "threshold": threshold, "delta_acc": delta_acc}
+    if upload_when == "rank":
+      ranked, probability = rank_upload_mask(rc, rc_window, window_ready, upload_key)
+      gated = jnp.asarray(rank_gated, bool)
+      mask = jnp.where(gated, ranked, True)
+      local["upload_probability"] = jnp.where(gated, probability, 1.0)
+    else:
+      mask = rc >= threshold if upload_when == "consistent" else rc < threshold
   sent = {"mask": mask, "round": jnp.asarray(round_hat, jnp.int32), "num_samples": jnp.asarray(num_samples, jnp.int32),
           "lir": lir}
+  if use_almu and upload_when == "rank":
+    sent["rc"] = local["rc"]  # the report the server's window is made of
   return {"sent": sent, "local": local}
 
 
@@ -320,6 +388,9 @@ class AiFedState:
   masks: tuple = ()  # queued upload masks [L] (device bools)
   lirs: tuple = ()  # queued LIR_k (device scalars)
   last_weights: jax.Array | None = None  # β / Σβ of the last aggregation (diagnostics)
+  # upload_when='rank': the last W − 1 reported rc vectors [W−1, L], a ring buffer (report i at row
+  # i mod (W − 1)); None under the other rules.
+  rc_window: jax.Array | None = None
   # Host fields: the queue's metadata and the run's upload counts.
   rounds_hat: tuple = flax.struct.field(pytree_node=False, default=())  # r̂_k
   sizes: tuple = flax.struct.field(pytree_node=False, default=())  # n_k
@@ -347,7 +418,12 @@ class AiFed(Strategy):
     # both convs, 0.5-0.95 for Dense_0, 0.3-0.9 for Dense_1 and 0-0.86 for the output layer.
     c.alpha_round = 0.005
     c.alpha_acc = -1.0
-    c.upload_when = "consistent"  # upload layer l iff consistent: rc_l >= AT (Eq. 8 as printed) | changed: rc_l < AT
+    # Which layers a client uploads (F): consistent: iff rc_l >= AT (Eq. 8 as printed) | changed: iff rc_l < AT |
+    # rank: the authors' code's rule, with probability 1 − (j+1)/W, j the rank of rc_l among the last W reports
+    # (0 = least consistent; AT unused). See the module docstring for the figures each gave.
+    c.upload_when = "consistent"
+    c.rank_window = 8  # rank: W, the group rc_l is ranked in (the code's m = 8 clients of a round, 40 × 0.2)
+    c.rank_layers = "all"  # rank: the layers it decides: all (each by its own rank) | largest (the code's; others sent)
     c.accuracy_data = "stimuli"  # δ_acc measured on: stimuli (free) | local (all the client's training data)
     c.accuracy_batch_size = 500  # accuracy_data=local: samples per forward pass (memory only)
     c.trigger = "counter"  # aggregate on a counter (buffer_size models queued) | timer (every `period` units)
@@ -362,12 +438,15 @@ class AiFed(Strategy):
     errors = []
     for field, allowed in (("variant", VARIANTS), ("lir", LIR_KINDS), ("trigger", TRIGGERS),
                            ("normalisation", NORMALISATIONS), ("accuracy_data", ACCURACY_DATA),
-                           ("upload_when", UPLOAD_RULES)):
+                           ("upload_when", UPLOAD_RULES), ("rank_layers", RANK_LAYERS)):
       if c[field] not in allowed:
         errors.append(f"aifed.{field}={c[field]!r} is invalid; allowed: {', '.join(allowed)}")
     for field in ("stimuli_per_class", "num_pairs", "period", "accuracy_batch_size"):
       if not (isinstance(c[field], int) and not isinstance(c[field], bool) and c[field] >= 1):
         errors.append(f"aifed.{field}={c[field]!r} is invalid; allowed: an integer >= 1")
+    w = c.rank_window  # a group of one has no rank (every client would be the most consistent)
+    if not (isinstance(w, int) and not isinstance(w, bool) and w >= 2):
+      errors.append(f"aifed.rank_window={w!r} is invalid; allowed: an integer >= 2")
     for field in ("alpha_round", "alpha_acc"):
       if not (isinstance(c[field], (int, float)) and not isinstance(c[field], bool) and math.isfinite(c[field])):
         errors.append(f"aifed.{field}={c[field]!r} is invalid; allowed: a finite number")
@@ -380,40 +459,65 @@ class AiFed(Strategy):
     self.use_almu = h.variant in ("aifed", "almu")
     self.use_lis = h.variant in ("aifed", "agma", "lis")
     self.use_lir = h.variant in ("aifed", "agma", "lir")
-    self._key = seeding.device_key(config.seed, "aifed/stimuli")
-    self._names: tuple[str, ...] = ()
-    self._layer_bytes = np.zeros(0, np.int64)
-    self._payload = None  # built at init, when the layers are known
-
-  def init(self, params: Params) -> AiFedState:
+    self._key = seeding.device_key(ctx.seed, "aifed/stimuli")
+    # The rank rule's coin flips: their own stream, so that they never move the stimuli or pairs.
+    self._upload_key = seeding.device_key(ctx.seed, "aifed/upload")
+    self.ranked = self.use_almu and h.upload_when == "rank"
+    params = ctx.params_shape
     if set(params) != {"params"}:
       raise ValueError(f"AiFed aggregates the 'params' collection layer by layer; this model also has "
                        f"{sorted(set(params) - {'params'})}")
-    h = self.hparams
     self._names = layer_names(params)
     self._layer_bytes = layer_sizes_bytes(params, self._names)
+    gated = None
+    if self.ranked:
+      largest = int(np.argmax(self._layer_bytes))
+      gated = tuple(h.rank_layers == "all" or l == largest for l in range(len(self._names)))
     self._payload = jax.jit(functools.partial(
         almu_payload, self.ctx.apply_fn, self._names, self.ctx.num_classes, int(h.stimuli_per_class),
         int(h.num_pairs), float(h.alpha_round), float(h.alpha_acc), self.use_almu, h.accuracy_data, h.lir,
-        int(h.accuracy_batch_size), h.upload_when))
-    return AiFedState(params=params, next_tick=int(h.period), layer_uploads=(0,) * len(self._names))
+        int(h.accuracy_batch_size), h.upload_when, gated))
+    self.client = ClientSide(payload=self._client_payload)
+
+  def init(self, params: Params) -> AiFedState:
+    h = self.hparams
+    window = jnp.zeros((int(h.rank_window) - 1, len(self._names)), jnp.float32) if self.ranked else None
+    return AiFedState(params=params, next_tick=int(h.period), layer_uploads=(0,) * len(self._names),
+                      rc_window=window)
 
   @property
   def layers(self) -> tuple[str, ...]:
-    """The layer names, in the order of the masks (known after `init`)."""
+    """The layer names, in the order of the masks."""
     return self._names
 
-  def client_aux(self, state: AiFedState, client: int) -> jax.Array:
-    """r̂: the round of the global model the client is dispatched with (Algorithm 1 sends it back)."""
+  def dispatch(self, state: AiFedState, client: int) -> tuple[AiFedState, Params, Any]:
+    """The global model and, as aux, r̂: the round of the global model the client is dispatched with
+    (Algorithm 1 sends it back). The rank reading also sends the server's window of rc reports and how many
+    reports it has received (which says whether the window is full and makes the update's key unique)."""
     del client
-    return jnp.int32(state.round)
+    if not self.ranked:
+      return state, state.params, jnp.int32(state.round)
+    return state, state.params, {"round": jnp.int32(state.round), "rc_window": state.rc_window,
+                                 "reports": jnp.int32(state.arrivals)}
 
-  def client_payload(self, params_start: Params, params_end: Params, job: ClientJob | None = None) -> dict:
+  def _client_payload(self, params_start: Params, params_end: Params, job: ClientJob | None = None) -> dict:
     if job is None:
       raise ValueError("AiFed's client payload needs the client's data (a ClientJob)")
-    round_hat = job.aux if not isinstance(job.aux, tuple) else jnp.int32(0)
+    aux = job.aux
+    rank_args = ()
+    if self.ranked:
+      if not isinstance(aux, dict):  # (dispatched without the window, e.g. a hand-made job: send everything)
+        aux = {"round": jnp.int32(0) if isinstance(aux, tuple) else aux,
+               "rc_window": jnp.zeros((int(self.hparams.rank_window) - 1, len(self._names)), jnp.float32),
+               "reports": jnp.int32(0)}
+      reports = jnp.asarray(aux["reports"], jnp.int32)
+      rank_args = (aux["rc_window"], reports >= aux["rc_window"].shape[0],
+                   jax.random.fold_in(jax.random.fold_in(self._upload_key, job.client), reports))
+      round_hat = aux["round"]
+    else:
+      round_hat = aux if not isinstance(aux, tuple) else jnp.int32(0)
     return self._payload(params_start, params_end, job.x_all, job.y_all, job.index_row, jnp.int32(job.num_samples),
-                         round_hat, jax.random.fold_in(self._key, job.client))
+                         round_hat, jax.random.fold_in(self._key, job.client), *rank_args)
 
   # --- server ---------------------------------------------------------------------------------------
 
@@ -421,14 +525,16 @@ class AiFed(Strategy):
     starts, deltas, masks, lirs = list(state.starts), list(state.deltas), list(state.masks), list(state.lirs)
     rounds_hat, sizes = list(state.rounds_hat), list(state.sizes)
     uploads, empty = list(state.layer_uploads), state.empty_uploads
-    for a in arrivals:
+    window = state.rc_window
+    for index, a in enumerate(arrivals):
+      if self.ranked:  # every update reports its rc, sent layers or not: the next dispatches rank against it
+        window = window.at[(state.arrivals + index) % window.shape[0]].set(a.payload["sent"]["rc"])
       mask = a.payload["sent"]["mask"]
-      if not isinstance(mask, jax.core.Tracer):  # (traced only when profiling the server step)
-        host_mask = np.asarray(jax.device_get(mask), bool)  # the host decides: is anything sent at all?
-        uploads = [u + int(m) for u, m in zip(uploads, host_mask)]
-        if not host_mask.any():
-          empty += 1  # nothing was sent: the server never sees this update
-          continue
+      host_mask = np.asarray(jax.device_get(mask), bool)  # the host decides: is anything sent at all?
+      uploads = [u + int(m) for u, m in zip(uploads, host_mask)]
+      if not host_mask.any():
+        empty += 1  # nothing was sent: the server never sees this update
+        continue
       starts.append(a.params_start)
       deltas.append(a.delta)
       masks.append(mask)
@@ -437,7 +543,7 @@ class AiFed(Strategy):
       sizes.append(a.num_samples)
     return state.replace(starts=tuple(starts), deltas=tuple(deltas), masks=tuple(masks), lirs=tuple(lirs),
                          rounds_hat=tuple(rounds_hat), sizes=tuple(sizes), layer_uploads=tuple(uploads),
-                         empty_uploads=empty, arrivals=state.arrivals + len(arrivals))
+                         empty_uploads=empty, arrivals=state.arrivals + len(arrivals), rc_window=window)
 
   def aggregate(self, state: AiFedState) -> AiFedState:
     """One round of AGMA on the whole queue (Algorithm 1 part 2, lines 4-11); the queue is emptied."""
@@ -473,16 +579,14 @@ class AiFed(Strategy):
 
   # --- accounting and diagnostics -------------------------------------------------------------------
 
-  def payload_bytes(self, payload: Any) -> int:
-    """Bytes of what a client sends beside its layers: mask, r̂, n and LIR (not the local diagnostics)."""
-    return tree_bytes(payload["sent"])
-
   def upload_bytes(self, arrival: Arrival) -> int:
-    """The layers in the client's mask plus `payload_bytes`; 0 when it sent no layer (Eq. 4 with F)."""
+    """The layers in the client's mask plus what it sends beside them (mask, r̂, n and LIR, not the local
+    diagnostics); 0 when it sent no layer (Eq. 4 with F), or
+    under the rank reading only its rc report."""
     mask = np.asarray(jax.device_get(arrival.payload["sent"]["mask"]), bool)
     if not mask.any():
-      return 0
-    return int(self._layer_bytes[mask].sum()) + self.payload_bytes(arrival.payload)
+      return tree_bytes(arrival.payload["sent"]["rc"]) if self.ranked else 0
+    return int(self._layer_bytes[mask].sum()) + tree_bytes(arrival.payload["sent"])
 
   def diagnostics(self, state: AiFedState) -> dict[str, Any]:
     sent = np.asarray(state.layer_uploads, np.float64)
@@ -503,4 +607,6 @@ class AiFed(Strategy):
                   "delta_acc": float(payload["local"]["delta_acc"]),
                   "mask": [bool(m) for m in payload["sent"]["mask"]], "lir": float(payload["sent"]["lir"]),
                   "upload_bytes": self.upload_bytes(a)})
+      if "upload_probability" in payload["local"]:
+        out[-1]["upload_probability"] = [float(p) for p in payload["local"]["upload_probability"]]
     return out

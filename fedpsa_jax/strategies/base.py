@@ -1,44 +1,34 @@
 """The one small interface every federated algorithm implements (DESIGN §4b).
 
 A strategy owns the server state and the client-side extras of its method. It never sees the clock,
-the event heap or the dataset; the runner never looks inside its state. The runner talks to it through:
+the event heap or the dataset; the runner never looks inside its state. Everything it needs is built
+once, in `__init__`, from its config section (`self.hparams`) and the run's `StrategyContext` (the
+model, the parameter shapes, the federation's shape, its seed); after that, its methods are functions
+of their arguments:
 
-- `init(params)`: the server state (a pytree) from the initial global parameters;
-- `params_for(state, client)`: what a dispatched client starts from (default: the global model);
-- `client_aux(state, client)`: extras sent with those parameters at dispatch, a pytree of arrays
-  (default `()`; FedPAC: the global class prototypes). The runner keeps it with the job and hands it
-  to the local loss and to `client_payload`, so a job's result still depends only on what it was
-  dispatched with;
-- `regularizer`: an optional extra term of the local loss, `(params, params_start) -> scalar`
-  (FedProx/FedAsync's proximal term);
-- `local_loss`: an optional replacement of the data term of the local loss,
-  `(apply_fn, params, params_start, x, y, mask, aux) -> scalar` on one batch (`mask` marks the real
-  samples of a padded batch; `aux` is the job's `client_aux`); `regularizer` is still added to it.
-  Both must be the same object for the strategy's whole life (build them once in `__init__`): the
-  local trainer is a static jit argument, so a new function object would recompile every chunk;
-- `client_payload(params_start, params_end, job)`: the client-side payload sent beside Δ (FedPSA's
-  sketch; FedPAC's feature statistics and prototypes, which need the client's data and the job's aux,
-  both in `ClientJob`; `job` may be None for payloads that need neither);
+- `init(params) -> state`: the server state (a pytree; `flax.struct.dataclass` with host fields marked
+  `pytree_node=False`) from the initial global parameters. Pure: nothing is stored on `self`, so a
+  checkpoint of the state is all a resumed run needs;
+- `dispatch(state, client) -> (state, params, aux)`: what a dispatched client starts from (default: the
+  global model), extras sent with it (a pytree of arrays, default `()`; FedPAC: the global class
+  prototypes), and the state after the dispatch (default: unchanged; CASA records the start round);
+- `client`: a `ClientSide` built once in `__init__`, what runs on the client beside SGD: a replacement
+  of the per-batch loss, a regulariser added to it, and the payload sent beside Δ. (The local trainer
+  is a static jit argument, so these functions must keep their identity for the strategy's life:
+  building them once makes it so.);
 - `receive(state, arrivals) -> (state, changed)`: all arrivals of one event time; `changed` says that
   a round happened, the only thing the host loop must know;
-- `dispatched(state, client) -> state`: told that `client` was just dispatched (with `params_for`);
-  default: the state unchanged (CASA records the client's start round for its buffer pruning);
-- `eval_params(state)`: what the test set is evaluated on;
-- `personal_models(state) -> (models, assignment)`: for personalised evaluation on each client's local
-  test split (`data.client_test_fraction` > 0): a list of parameter trees and, per client, the index
-  of the model it is evaluated with. Default: `([eval_params(state)], zeros(N))`; CASA: its cluster
-  models and the client-to-cluster assignment;
-- `eval_records(state)`: JSON-able extras (lists allowed) added to each metrics.jsonl record at an
-  evaluation only (CASA: the cluster assignments); default `{}`;
-- `diagnostics(state)` / `event_records(state, arrivals)`: scalars for metrics.jsonl and events.jsonl,
-  pulled to the host only when they are written;
-- `payload_bytes(payload)`, `upload_bytes(arrival)`, `download_bytes(params, aux)`: communication
-  accounting. By default an upload is Δ plus the payload and a download is the dispatched parameters
-  plus the aux; a method that sends less (AiFed's partial uploads) overrides them;
-- `save_state(state)` / `restore_state(fresh, saved)`: what a checkpoint stores of the state and how
-  it is put back. The default stores the state as it is: `fedpsa_jax.checkpoint` handles any tree of
-  dicts, tuples, lists, dataclasses (host fields included), scalars and arrays, so a strategy
-  overrides these only if its state holds something else (or something rebuilt at `init`).
+- `eval_models(state) -> EvalModels`: the global model the test set is evaluated on, and for
+  personalised evaluation (`data.client_test_fraction` > 0) each client's model; extra JSON-able
+  records for the evaluation's metrics line (CASA: the cluster assignment);
+- `diagnostics(state)` / `event_records(state, arrivals)`: values for metrics.jsonl and round lines of
+  events.jsonl / one dict per arrival for events.jsonl, pulled to the host only when written;
+- `upload_bytes(arrival)`: communication accounting of one update: by default Δ plus the payload; a
+  method that sends less (AiFed's partial uploads) overrides it.
+
+`default_config()` and `validate_config(config)` (class methods) declare the method's config section.
+Pytree arithmetic shared by the methods is in `fedpsa_jax.tree_util`; buffer validation in
+`strategies.common`.
 """
 
 from __future__ import annotations
@@ -47,11 +37,11 @@ import dataclasses
 from typing import Any, Callable, ClassVar, Sequence
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fedpsa_jax.local import LocalLoss  # (apply_fn, params, params_start, x, y, mask, aux) -> scalar
+from fedpsa_jax.local import LocalLoss, Regularizer
+from fedpsa_jax.tree_util import tree_bytes
 
 Params = Any
 State = Any
@@ -64,15 +54,18 @@ class StrategyContext:
   """What a strategy may know of the run: the model, the federation's shape and its own randomness."""
 
   apply_fn: Callable[[Params, jax.Array], jax.Array]
+  params_shape: Any  # the global parameters' tree of jax.ShapeDtypeStruct (known before `init`)
   num_clients: int
   client_sizes: np.ndarray  # [N] local training-set sizes (host)
   concurrency: int  # C: clients in flight at once (the cohort size of synchronous methods)
   num_classes: int
+  input_shape: tuple[int, ...]  # one sample's shape (H, W, C)
   seed: int
-  calibration_batch: Callable[[], tuple[jax.Array, jax.Array]]  # the shared batch D_b, built on demand
-  # A fixed held-out batch of the test set, built on demand, for diagnostics that need the test loss's
-  # gradient (FedPSA's κ-alignment, paper Eqs. 21-22). The strategy still never sees the dataset.
-  alignment_batch: Callable[[], tuple[jax.Array, jax.Array]] | None = None
+  # `sample(split, size, purpose) -> (x, y)`: `size` samples of the 'train' or 'test' split, drawn without
+  # replacement once with the host stream `purpose` and kept in the split's order (FedPSA's real calibration
+  # batch and its held-out alignment batch); never a client's data.
+  sample: Callable[[str, int, str], tuple[jax.Array, jax.Array]] | None = None
+  split_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # {'train': n, 'test': n}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +81,35 @@ class ClientJob:
   y_all: jax.Array
   index_row: jax.Array
   num_samples: int
-  aux: Any = ()  # `client_aux(state, client)` at dispatch
+  aux: Any = ()  # the aux of `dispatch(state, client)`
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientSide:
+  """What a strategy runs on the client beside plain SGD; each field None for the default.
+
+  - `loss`: the loss of one batch, `(apply_fn, params, params_start, x, y, mask, aux) -> scalar`, replacing
+    the masked-mean cross-entropy (`mask` marks the real samples of a padded batch; `aux` is the job's);
+  - `regularizer`: `(params, params_start) -> scalar`, added to the loss (FedProx/FedAsync's proximal term);
+  - `payload`: `(params_start, params_end, job: ClientJob) -> pytree`, what the client sends beside Δ,
+    computed on the client's device (FedPSA's sketch; FedPAC's statistics; AiFed's upload decision).
+  """
+
+  loss: LocalLoss | None = None
+  regularizer: Regularizer | None = None
+  payload: Callable[[Params, Params, ClientJob], Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalModels:
+  """What an evaluation measures: `params` on the test set and, for personalised evaluation, client i's
+  model `personal[assignment[i]]` on its local test split (None: the global model for every client);
+  `records` are JSON-able values written into the evaluation's metrics line."""
+
+  params: Params
+  personal: list[Params] | None = None
+  assignment: np.ndarray | None = None
+  records: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +122,7 @@ class Arrival:
   dispatch_round: int
   params_start: Params  # the parameters the client was dispatched with
   delta: Params  # Δ = w_i(after local training) − params_start
-  payload: Any  # whatever `client_payload` returned
+  payload: Any  # what `client.payload` returned (`()` without one)
   arrival_time: int = 0  # virtual time of arrival (for methods with timers or time decay, e.g. AiFed, CASA)
 
 
@@ -112,9 +133,10 @@ class Strategy:
   # 'async': refill free slots whenever clients return; 'sync': dispatch a cohort of C clients only
   # when none is in flight (FedAvg's rounds on the same clock).
   dispatch_mode: ClassVar[str] = "async"
+  client: ClientSide = ClientSide()  # set in `__init__` by methods with client-side work
 
   def __init__(self, config: ml_collections.ConfigDict, ctx: StrategyContext):
-    self.config = config  # the whole run config; a strategy reads its own section `config[name]`
+    """`config` is the run config; a strategy keeps its own section, `config[name]`, as `hparams`."""
     self.hparams = config.get(self.name, ml_collections.ConfigDict())
     self.ctx = ctx
 
@@ -133,86 +155,30 @@ class Strategy:
   def init(self, params: Params) -> State:
     raise NotImplementedError
 
-  def params_for(self, state: State, client: int) -> Params:
+  def dispatch(self, state: State, client: int) -> tuple[State, Params, Any]:
+    """(state after the dispatch, the client's starting parameters, the aux sent with them)."""
     del client
-    return state.params
-
-  def client_aux(self, state: State, client: int) -> Any:
-    """Extras (a pytree of arrays) sent to a dispatched client beside `params_for`; `()` by default."""
-    del state, client
-    return ()
-
-  @property
-  def regularizer(self) -> Callable[[Params, Params], jax.Array] | None:
-    return None
-
-  @property
-  def local_loss(self) -> LocalLoss | None:
-    """The local loss of one batch, replacing the default masked-mean cross-entropy (None: default)."""
-    return None
-
-  def client_payload(self, params_start: Params, params_end: Params, job: ClientJob | None = None) -> Any:
-    """The payload a client sends beside Δ (computed on the client, jitted by the strategy); `()`."""
-    del params_start, params_end, job
-    return ()
+    return state, state.params, ()
 
   def receive(self, state: State, arrivals: Sequence[Arrival]) -> tuple[State, bool]:
     raise NotImplementedError
 
-  def dispatched(self, state: State, client: int) -> State:
-    """The state after `client` is dispatched (called right after `params_for`/`client_aux`)."""
-    del client
-    return state
+  def eval_models(self, state: State) -> EvalModels:
+    return EvalModels(params=state.params)
 
-  def eval_params(self, state: State) -> Params:
-    return state.params
-
-  def personal_models(self, state: State) -> tuple[list[Params], np.ndarray]:
-    """(models, assignment[N]): client i's personalised model is `models[assignment[i]]`."""
-    return [self.eval_params(state)], np.zeros(self.ctx.num_clients, dtype=np.int64)
-
-  def eval_records(self, state: State) -> dict[str, Any]:
-    """JSON-able values written into each evaluation's metrics record (not into events.jsonl)."""
+  def diagnostics(self, state: State) -> dict[str, Any]:
+    """Values for each evaluation's metrics line and each round line of events.jsonl."""
     del state
     return {}
 
-  def diagnostics(self, state: State) -> dict[str, float]:
-    del state
-    return {}
-
-  def event_records(self, state: State, arrivals: Sequence[Arrival]) -> list[dict[str, float]]:
+  def event_records(self, state: State, arrivals: Sequence[Arrival]) -> list[dict[str, Any]]:
     """Per-arrival diagnostics (e.g. κ, weight) after `receive`; only called when events are logged."""
     del state
     return [{} for _ in arrivals]
 
-  def save_state(self, state: State) -> Any:
-    """What a checkpoint stores of `state` (by default the state itself)."""
-    return state
-
-  def restore_state(self, fresh: State, saved: Any) -> State:
-    """The state to continue with, from `fresh = init(params)` of the resumed run (after which any
-    host-side caches built at `init`, such as FedPSA's sketch function, exist) and what `save_state`
-    returned. By default `saved`."""
-    del fresh
-    return saved
-
-  def payload_bytes(self, payload: Any) -> int:
-    """Bytes of the extras a client sends beside Δ (sketch, statistics, masks, scalars)."""
-    return tree_bytes(payload)
-
   def upload_bytes(self, arrival: Arrival) -> int:
     """Bytes one client update sends to the server: the full Δ plus the payload."""
-    return tree_bytes(arrival.delta) + self.payload_bytes(arrival.payload)
-
-  def download_bytes(self, params: Params, aux: Any) -> int:
-    """Bytes the server sends a dispatched client: its starting parameters plus the aux."""
-    return tree_bytes(params) + tree_bytes(aux)
-
-
-def tree_bytes(tree: Any) -> int:
-  """Size in bytes of a pytree of arrays, read from shapes and dtypes (no device work, no sync)."""
-  return sum(x.size * x.dtype.itemsize if hasattr(x, "dtype") else np.asarray(x).nbytes
-             for x in jax.tree.leaves(tree))
+    return tree_bytes(arrival.delta) + tree_bytes(arrival.payload)
 
 
 def register(name: str) -> Callable[[type[Strategy]], type[Strategy]]:
@@ -234,14 +200,3 @@ def get_strategy(name: str) -> type[Strategy]:
   if name not in _REGISTRY:
     raise ValueError(f"method={name!r} is not a known method; allowed: {sorted(_REGISTRY)}")
   return _REGISTRY[name]
-
-
-def tree_add_scaled(params: Params, deltas: Sequence[Params], weights: jax.Array) -> Params:
-  """w + Σ_i weights[i] Δ_i, leaf by leaf (the common form of every buffered update)."""
-  return jax.tree.map(
-      lambda w, *ds: w + sum(weights[i].astype(w.dtype) * d for i, d in enumerate(ds)), params, *deltas
-  )
-
-
-def squared_norm(tree: Params) -> jax.Array:
-  return sum(jnp.vdot(x, x).real for x in jax.tree.leaves(tree))

@@ -35,8 +35,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from fedpsa_jax.strategies.base import Arrival, Strategy, register, squared_norm
-from fedpsa_jax.strategies.fedbuff import buffer_size_errors
+from fedpsa_jax.strategies.base import Arrival, Strategy, register
+from fedpsa_jax.strategies.common import buffer_size_errors
+from fedpsa_jax.tree_util import squared_norm
 
 Params = Any
 

@@ -4,8 +4,8 @@ Clustered asynchronous FL: the server keeps one model per cluster, K found onlin
 is one asynchronous round t (Alg. 1): newcomer assignment (Eq. 15) -> C-phase (buffer-aided similarity,
 Eq. 10, and multi-partitioning of the client's cluster, Alg. 3 with the trigger of Eq. 14; buffer upkeep,
 Alg. 2) -> A-phase (the client's cluster model mixes in its weights with the bi-level decay, Eqs. 6-9).
-A dispatched client starts from its cluster's model (`params_for`); personalised evaluation uses each
-client's cluster model (`personal_models`).
+A dispatched client starts from its cluster's model (`dispatch`); personalised evaluation uses each
+client's cluster model (`eval_models`).
 
 Formulas (t = the asynchronous round, |C_k| = clients assigned to cluster k, τ_i = client i's staleness):
 - Ω(t) = (e / 2.8)^(k·t), k = `omega_k` = 0.001 (Appendix A.2.3).
@@ -95,7 +95,8 @@ import numpy as np
 import scipy.linalg
 
 from fedpsa_jax import seeding
-from fedpsa_jax.strategies.base import Arrival, Strategy, register
+from fedpsa_jax.strategies.base import Arrival, EvalModels, Strategy, register
+from fedpsa_jax.tree_util import tree_add
 
 Params = Any
 OMEGA_BASE = math.e / 2.8  # Ω(t) = (e / 2.8)^(k·t), Appendix A.2.3
@@ -249,7 +250,6 @@ def masked_mix(model: Params, w_i: Params, alpha: jax.Array, fraction: jax.Array
   return jax.tree.map(leaf, model, w_i)
 
 
-_add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
 _ravel = jax.jit(lambda tree: jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in jax.tree.leaves(tree)]))
 
 
@@ -347,23 +347,18 @@ class CASA(Strategy):
 
   # --- dispatch and evaluation ---------------------------------------------------------------------
 
-  def params_for(self, state: CASAState, client: int) -> Params:
-    return state.models[int(state.assign[client])]
-
-  def dispatched(self, state: CASAState, client: int) -> CASAState:
+  def dispatch(self, state: CASAState, client: int) -> tuple[CASAState, Params, tuple]:
+    """The client's cluster model; its start round is recorded (for buffer pruning)."""
     start = state.start.copy()
     start[client] = state.t
-    return state.replace(start=start)
+    return state.replace(start=start), state.models[int(state.assign[client])], ()
 
-  def eval_params(self, state: CASAState) -> Params:
+  def eval_models(self, state: CASAState) -> EvalModels:
+    """The test set on the cluster model holding the most training data; each client on its cluster's
+    model; the cluster assignment written with the evaluation."""
     data = np.bincount(state.assign, weights=self.ctx.client_sizes, minlength=len(state.models))
-    return state.models[int(np.argmax(data))]
-
-  def personal_models(self, state: CASAState) -> tuple[list[Params], np.ndarray]:
-    return list(state.models), state.assign.copy()
-
-  def eval_records(self, state: CASAState) -> dict[str, Any]:
-    return {"clusters": [int(k) for k in state.assign]}
+    return EvalModels(params=state.models[int(np.argmax(data))], personal=list(state.models),
+                      assignment=state.assign.copy(), records={"clusters": [int(k) for k in state.assign]})
 
   def diagnostics(self, state: CASAState) -> dict[str, Any]:
     return {"num_clusters": len(state.models), "splits": state.splits, "buffer_items": len(state.items),
@@ -397,7 +392,7 @@ class CASA(Strategy):
 
   def _receive_one(self, state: CASAState, a: Arrival) -> tuple[CASAState, dict]:
     h, i, t = self.hparams, a.client, state.t
-    w_i = _add(a.params_start, a.delta)
+    w_i = tree_add(a.params_start, a.delta)
     v_i = np.asarray(jax.device_get(_ravel(a.delta if h.similarity == "update" else w_i)), np.float32)
     own = [it for it in state.items if it["owner"] == i]
     newcomer = not state.seen[i]

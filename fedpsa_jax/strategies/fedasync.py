@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 
 from fedpsa_jax import local
-from fedpsa_jax.strategies.base import Arrival, Strategy, register
+from fedpsa_jax.strategies.base import Arrival, ClientSide, Strategy, register
 
 Params = Any
 STALENESS_FUNCTIONS = ("constant", "polynomial", "hinge")
@@ -99,8 +99,9 @@ class FedAsync(Strategy):
 
   def __init__(self, config, ctx):
     super().__init__(config, ctx)
-    # One regulariser object per strategy, so the local-training jit cache is reused across jobs.
-    self._regularizer = local.proximal_term(self.hparams.prox_mu) if self.hparams.prox_mu > 0 else None
+    # Built once: the local trainer is a static jit argument, so one regulariser object means one compile.
+    self.client = ClientSide(regularizer=local.proximal_term(self.hparams.prox_mu) if self.hparams.prox_mu > 0
+                             else None)
     self._a, self._b = self.staleness_params(self.hparams)
 
   @staticmethod
@@ -109,10 +110,6 @@ class FedAsync(Strategy):
     if hparams.staleness == "hinge":
       return float(hparams.hinge_a), float(hparams.hinge_b)
     return float(hparams.a), 0.0
-
-  @property
-  def regularizer(self):
-    return self._regularizer
 
   def init(self, params: Params) -> AsyncState:
     return AsyncState(params=params)

@@ -14,7 +14,7 @@ import flax
 import jax.numpy as jnp
 
 from fedpsa_jax.strategies.base import Arrival, Strategy, register
-from fedpsa_jax.strategies.fedbuff import apply_weighted
+from fedpsa_jax.tree_util import apply_weighted
 
 Params = Any
 

@@ -15,7 +15,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from fedpsa_jax.strategies.base import Arrival, Strategy, register, tree_add_scaled
+from fedpsa_jax.strategies.base import Arrival, Strategy, register
+from fedpsa_jax.strategies.common import buffer_size_errors
+from fedpsa_jax.tree_util import apply_weighted
 
 Params = Any
 
@@ -26,21 +28,6 @@ class BufferState:
   deltas: tuple = ()  # buffered Δ_i, in arrival order
   staleness: tuple = flax.struct.field(pytree_node=False, default=())  # host ints τ_i
   last_weights: jax.Array | None = None  # weights of the last flush (diagnostics)
-
-
-@jax.jit
-def apply_weighted(params: Params, deltas: tuple, weights: jax.Array) -> Params:
-  """The jitted aggregation step shared by buffered methods: w + Σ_i weights_i Δ_i."""
-  return tree_add_scaled(params, deltas, weights)
-
-
-def buffer_size_errors(config: ml_collections.ConfigDict, section: str) -> list[str]:
-  """Validation shared by buffered methods: 1 <= buffer_size <= N."""
-  k, n = config[section].buffer_size, config.partition.num_clients
-  if not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= n):
-    return [f"{section}.buffer_size={k!r} is invalid; allowed: an integer from 1 to "
-            f"partition.num_clients ({n})"]
-  return []
 
 
 @register("fedbuff")

@@ -29,10 +29,10 @@ from typing import Any, Sequence
 
 import flax
 import jax
-import jax.numpy as jnp
 import ml_collections
 
 from fedpsa_jax.strategies.base import Arrival, Strategy, register
+from fedpsa_jax.tree_util import tree_add
 
 Params = Any
 
@@ -42,11 +42,6 @@ class WindowState:
   params: Params
   window: tuple = ()  # the most recent client models w_i, oldest first (at most K)
   clients: tuple = flax.struct.field(pytree_node=False, default=())  # their client ids (host ints)
-
-
-@jax.jit
-def _client_model(params_start: Params, delta: Params) -> Params:
-  return jax.tree.map(jnp.add, params_start, delta)
 
 
 @jax.jit
@@ -76,7 +71,7 @@ class FedFa(Strategy):
 
   def receive(self, state: WindowState, arrivals: Sequence[Arrival]) -> tuple[WindowState, bool]:
     k = self.hparams.window_size
-    window = state.window + tuple(_client_model(a.params_start, a.delta) for a in arrivals)
+    window = state.window + tuple(tree_add(a.params_start, a.delta) for a in arrivals)
     clients = state.clients + tuple(a.client for a in arrivals)
     window, clients = window[-k:], clients[-k:]  # drop the oldest beyond K
     if len(window) < k:

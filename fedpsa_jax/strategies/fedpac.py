@@ -72,8 +72,10 @@ import optax
 import scipy.optimize
 
 from fedpsa_jax import models
-from fedpsa_jax.strategies.base import Arrival, ClientJob, LocalLoss, Strategy, register
-from fedpsa_jax.strategies.fedbuff import apply_weighted, buffer_size_errors
+from fedpsa_jax.local import LocalLoss
+from fedpsa_jax.strategies.base import Arrival, ClientJob, ClientSide, Strategy, register
+from fedpsa_jax.strategies.common import buffer_size_errors
+from fedpsa_jax.tree_util import apply_weighted
 
 Params = Any
 WEIGHT_EPSILON = 1e-3  # collaboration weights below this are zeroed, as in the official code
@@ -272,20 +274,14 @@ class FedPAC(Strategy):
     super().__init__(config, ctx)
     if config.model.name not in models.FEATURE_MODELS:
       raise ValueError(f"model.name={config.model.name!r} is invalid for method=fedpac: {NO_EXTRACTOR}")
-    # Built once: the local trainer is a static jit argument, a new loss object would recompile.
-    self._loss = alignment_loss(float(self.hparams.lam))
     self._statistics = jax.jit(functools.partial(
         client_statistics, ctx.apply_fn, num_classes=ctx.num_classes,
         batch_size=int(self.hparams.stats_batch_size)))
+    self.client = ClientSide(loss=alignment_loss(float(self.hparams.lam)), payload=self._client_payload)
     self._sizes = jnp.asarray(ctx.client_sizes, jnp.float32)
-    self._layer = ""  # the classifier's name, known at init
-
-  @property
-  def local_loss(self) -> LocalLoss:
-    return self._loss
+    self._layer = models.classifier_layer(ctx.params_shape)  # the classifier's name
 
   def init(self, params: Params) -> FedPACState:
-    self._layer = models.classifier_layer(params)
     head = get_head(params, self._layer)
     d = head["kernel"].shape[0]  # the classifier's input: the feature dimension
     n = self.ctx.num_clients
@@ -294,16 +290,14 @@ class FedPAC(Strategy):
         has_head=jnp.zeros((n,), bool), prototypes=jnp.zeros((self.ctx.num_classes, d), jnp.float32),
         known=jnp.zeros((self.ctx.num_classes,), bool))
 
-  def params_for(self, state: FedPACState, client: int) -> Params:
-    """The global extractor with the client's personalised classifier (the global one if it has none)."""
-    return _start_params(state.params, state.heads, state.has_head, jnp.int32(client), self._layer)
+  def dispatch(self, state: FedPACState, client: int) -> tuple[FedPACState, Params, tuple[jax.Array, jax.Array]]:
+    """The global extractor with the client's personalised classifier (the global one if it has none), and
+    as aux the global prototypes at dispatch and which classes have one."""
+    params = _start_params(state.params, state.heads, state.has_head, jnp.int32(client), self._layer)
+    return state, params, (state.prototypes, state.known)
 
-  def client_aux(self, state: FedPACState, client: int) -> tuple[jax.Array, jax.Array]:
-    """The global prototypes at dispatch, and which classes have one."""
-    del client
-    return state.prototypes, state.known
-
-  def client_payload(self, params_start: Params, params_end: Params, job: ClientJob) -> dict[str, jax.Array]:
+  def _client_payload(self, params_start: Params, params_end: Params, job: ClientJob) -> dict[str, jax.Array]:
+    """The client's feature statistics and class prototypes (computed on the client's device)."""
     return self._statistics(params_start, params_end, job.x_all, job.y_all, job.index_row,
                             jnp.int32(job.num_samples))
 

@@ -32,7 +32,7 @@ FedBuff on which FedPSA builds).
 
 κ-alignment (Sec. 6.6, Eqs. 21-22), a diagnostic for the paper's Fig. 6, off by default
 (`fedpsa.log_alignment`): for each received update, align = cos(g_client, g_server) with
-g = ∇ mean cross-entropy on a fixed held-out test batch (`StrategyContext.alignment_batch`), at the
+g = ∇ mean cross-entropy on a fixed held-out test batch (`StrategyContext.sample`, stream 'alignment'), at the
 client's trained model w_start + Δ and at the server's global model when the update arrives (before the
 flush it may trigger: the model κ compares against). It goes to events.jsonl beside κ; it never changes
 the aggregation.
@@ -51,8 +51,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedpsa_jax import seeding, sensitivity
-from fedpsa_jax.strategies.base import Arrival, Strategy, register, squared_norm
-from fedpsa_jax.strategies.fedbuff import apply_weighted, buffer_size_errors
+from fedpsa_jax.data.calibration import gaussian_batch
+from fedpsa_jax.strategies.base import Arrival, ClientSide, Strategy, register
+from fedpsa_jax.strategies.common import buffer_size_errors
+from fedpsa_jax.tree_util import apply_weighted, squared_norm
 
 Params = Any
 
@@ -118,6 +120,18 @@ def make_alignment_fn(apply_fn, x: jax.Array, y: jax.Array):
   return align
 
 
+def calibration_batch(ctx, kind: str, size: int) -> tuple[jax.Array, jax.Array]:
+  """The shared calibration batch D_b (Sec. 5.2), drawn once per run from the host stream 'calibration':
+  `gaussian` inputs and labels (no client data), or `real` training samples."""
+  if kind == "real":
+    if ctx.sample is None or size > ctx.split_sizes.get("train", 0):
+      raise ValueError(f"sensitivity.calibration_size={size!r} is invalid with sensitivity.calibration='real'; "
+                       f"allowed: at most the {ctx.split_sizes.get('train', 0)} training samples")
+    return ctx.sample("train", size, "calibration")
+  x, y = gaussian_batch(size, ctx.input_shape, ctx.num_classes, seeding.host_rng(ctx.seed, "calibration"))
+  return jnp.asarray(x), jnp.asarray(y)
+
+
 @register("fedpsa")
 class FedPSA(Strategy):
 
@@ -172,32 +186,27 @@ class FedPSA(Strategy):
   def __init__(self, config, ctx):
     super().__init__(config, ctx)
     s = config.sensitivity
-    calib_x, calib_y = ctx.calibration_batch()
-    self._calibration = (calib_x, calib_y)
-    self._sketch_dim = s.sketch_dim
-    self._projection_key = seeding.device_key(config.seed, "fedpsa/projection")
-    self._chunk_size = s.chunk_size
-    self._fisher_method = s.fisher
-    self._sketch_fn = None  # built at init, when the parameter count is known
+    R = sensitivity.projection_matrix(seeding.device_key(ctx.seed, "fedpsa/projection"), s.sketch_dim,
+                                      sensitivity.num_params(ctx.params_shape))
+    self._sketch_fn = sensitivity.make_sketch_fn(
+        ctx.apply_fn, *calibration_batch(ctx, s.calibration, s.calibration_size), R, chunk_size=s.chunk_size,
+        use_sensitivity=not self.hparams.no_sensitivity, method=s.fisher)
+    self.client = ClientSide(payload=self._client_payload)
     self._alignment_fn = None
     if self.hparams.get("log_alignment", False):
-      if ctx.alignment_batch is None:
-        raise ValueError("fedpsa.log_alignment needs StrategyContext.alignment_batch (a held-out test batch)")
-      self._alignment_fn = make_alignment_fn(ctx.apply_fn, *ctx.alignment_batch())
+      if ctx.sample is None:
+        raise ValueError("fedpsa.log_alignment needs StrategyContext.sample (a held-out test batch)")
+      x, y = ctx.sample("test", min(config.eval.alignment_batch_size, ctx.split_sizes["test"]), "alignment")
+      self._alignment_fn = make_alignment_fn(ctx.apply_fn, x, y)
 
   def init(self, params: Params) -> FedPSAState:
-    d = sensitivity.num_params(params)
-    R = sensitivity.projection_matrix(self._projection_key, self._sketch_dim, d)
-    self._sketch_fn = sensitivity.make_sketch_fn(
-        self.ctx.apply_fn, *self._calibration, R, chunk_size=self._chunk_size,
-        use_sensitivity=not self.hparams.no_sensitivity, method=self._fisher_method)
     q = self.hparams.queue_length
     # Under no_temperature this Temp is never updated (receive skips Eq. 18): it is the ablation's fixed value.
     temp = fixed_temperature(self.hparams) if self.hparams.no_temperature else self.hparams.gamma + self.hparams.delta
     return FedPSAState(params=params, global_sketch=self._sketch_fn(params), queue=jnp.zeros((q,), jnp.float32),
                        m0=jnp.float32(0.0), temperature=jnp.float32(temp))
 
-  def client_payload(self, params_start: Params, params_end: Params, job=None) -> jax.Array:
+  def _client_payload(self, params_start: Params, params_end: Params, job=None) -> jax.Array:
     """The client's sketch s̃_i = R s(θ_i) at its trained parameters (Algorithm 1, lines 9-10)."""
     del params_start, job
     return self._sketch_fn(params_end)
