@@ -9,12 +9,14 @@
     mean ± std over seeds when there are several, `table_std.csv` then too; the best of each column in bold
     within each group of the outer row axis; '-' for a member the sweep leaves out) and `curves.png`
     (learning curves: one panel per column, one line per row, mean over seeds);
-  - `kind='curves'`: `curves.png` laid out as `report.panels` × lines `report.lines` instead;
-  - `kind='heatmap'`: one `heatmap_<part>.png` and `heatmap_<part>.md` per `report.heatmaps` entry;
-  - `kind='overhead'`: `overhead.png` (bars: client and server compute seconds; line: MB communicated,
-    per method, one panel per dataset) and `overhead.md` / `overhead.csv`;
-  - `kind='alignment'`: the κ-alignment statistics `alignment.md` / `alignment_bins.csv` and the bin plot
-    `alignment.png` (pairs pooled over members from events.jsonl);
+  - then the files of the layout's kind, `report.kind`, a function registered in `report_kinds()`:
+    - `table` (the default): the learning curves above;
+    - `curves`: `curves.png` laid out as `report.panels` × lines `report.lines` instead;
+    - `heatmap`: the curves, then one `heatmap_<part>.png` / `heatmap_<part>.csv` per `report.heatmaps`
+      entry and `heatmap.md`;
+    - the plug-ins' kinds (`REPORT_KINDS` of a `fedpsa_jax.figures` module): FedPSA's Fig. 5 `overhead`
+      and Fig. 6 `alignment` (figures/fedpsa.py);
+    an unknown kind is a ReportError naming the allowed ones;
   - then the figure plug-ins (`fedpsa_jax.figures`): `run_figures` per member into
     `report/runs/<member>/`, `group_figures` over all members into `report/`.
 - a run directory (`metrics.jsonl`): its learning curve `report/learning_curve.png` and the plug-ins'
@@ -23,14 +25,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
-import scipy.stats
 
 from fedpsa_jax import figures, io
 from fedpsa_jax import sweep as sweep_lib
@@ -67,7 +69,7 @@ def _ordered(values: Sequence[Any]) -> list[Any]:
   return list(dict.fromkeys(values))
 
 
-def _axis_labels(sweep: dict[str, Any], name: str, frame: pd.DataFrame) -> list[Any]:
+def axis_labels(sweep: dict[str, Any], name: str, frame: pd.DataFrame) -> list[Any]:
   """The labels of axis `name` in the sweep config's order (all of them, excluded ones included)."""
   for axis_name, values in list(sweep["axes"]) + [a for _, more in sweep.get("parts", []) for a in more]:
     if axis_name == name:
@@ -79,7 +81,8 @@ def _axis_labels(sweep: dict[str, Any], name: str, frame: pd.DataFrame) -> list[
   return _ordered(frame[column].tolist())
 
 
-def _completed(frame: pd.DataFrame) -> pd.DataFrame:
+def completed(frame: pd.DataFrame) -> pd.DataFrame:
+  """The members whose run completed (the only ones a table or figure uses)."""
   return frame[frame["status"] == "completed"] if "status" in frame else frame.iloc[:0]
 
 
@@ -89,7 +92,7 @@ def _completed(frame: pd.DataFrame) -> pd.DataFrame:
 def cell_stats(frame: pd.DataFrame, where: dict[str, Any], metric: str, scale: float) -> tuple[float, float, int]:
   """(mean, std over seeds (0 for one), count) of `metric × scale` over the completed members matching
   `where` ({axis: label}); (nan, nan, 0) when there is none."""
-  rows = _completed(frame)
+  rows = completed(frame)
   for k, v in where.items():
     rows = rows[rows[f"label:{k}"] == v]
   if metric not in rows or rows.empty:
@@ -98,7 +101,8 @@ def cell_stats(frame: pd.DataFrame, where: dict[str, Any], metric: str, scale: f
   return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0, len(values)
 
 
-def _display(spec: dict[str, Any], value: Any) -> str:
+def display_name(spec: dict[str, Any], value: Any) -> str:
+  """How the layout prints a label or axis name (`spec.display`, e.g. 'fedpsa' -> 'FedPSA (Ours)')."""
   return str(spec.get("display", {}).get(str(value), value))
 
 
@@ -107,9 +111,9 @@ def _key_text(spec: dict[str, Any], axes: Sequence[str], key: Sequence[Any]) -> 
   parts = []
   for name, value in zip(axes, key):
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-      parts.append(f"{_display(spec, name)}={value}")
+      parts.append(f"{display_name(spec, name)}={value}")
     else:
-      parts.append(_display(spec, value))
+      parts.append(display_name(spec, value))
   return " ".join(parts)
 
 
@@ -126,8 +130,8 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
   where = dict(where or {})
   metric, scale, decimals = spec.get("metric", "final_test_accuracy"), float(spec.get("scale", 1.0)), int(
       spec.get("decimals", 2))
-  row_keys = [tuple(k) for k in _product([_axis_labels(sweep, r, frame) for r in rows])]
-  col_keys = [tuple(k) for k in _product([_axis_labels(sweep, c, frame) for c in cols])]
+  row_keys = [tuple(k) for k in _product([axis_labels(sweep, r, frame) for r in rows])]
+  col_keys = [tuple(k) for k in _product([axis_labels(sweep, c, frame) for c in cols])]
   means = np.full((len(row_keys), len(col_keys)), np.nan)
   stds = np.full_like(means, np.nan)
   counts = np.zeros(means.shape, int)
@@ -148,7 +152,7 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
     b = [j for j, ck in enumerate(col_keys) if ck[-1] == delta[1]]
     for ja, jb in zip(a, b):
       extra_means.append(means[:, ja] - means[:, jb])
-      extra_names.append(f"{_display(spec, delta[0])} − {_display(spec, delta[1])}" + (
+      extra_names.append(f"{display_name(spec, delta[0])} − {display_name(spec, delta[1])}" + (
           f" ({_key_text(spec, cols[:-1], col_keys[ja][:-1])})" if len(cols) > 1 else ""))
   all_means = np.column_stack([means, *extra_means]) if extra_means else means
   all_stds = np.column_stack([stds, *[np.full(len(row_keys), np.nan) for _ in extra_means]]) if extra_means else stds
@@ -177,10 +181,10 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
                                   else "")
     return f"**{text}**" if bold[i, j] else text
 
-  header = [_display(spec, r) for r in rows] + names
+  header = [display_name(spec, r) for r in rows] + names
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for i, rk in enumerate(row_keys):
-    lines.append("| " + " | ".join([_display(spec, v) if not isinstance(v, float) else str(v) for v in rk]
+    lines.append("| " + " | ".join([display_name(spec, v) if not isinstance(v, float) else str(v) for v in rk]
                                     + [fmt(i, j) for j in range(len(names))]) + " |")
   index = pd.MultiIndex.from_tuples(row_keys, names=rows) if rows else None
   mean_frame = pd.DataFrame(all_means, index=index, columns=names)
@@ -192,52 +196,19 @@ def _product(lists: Sequence[Sequence[Any]]) -> list[tuple]:
   return list(itertools.product(*lists))
 
 
-# --- κ-alignment (Fig. 6) -----------------------------------------------------------------------------
-
-
-def alignment_pairs(run_dirs: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-  """(κ, align) of every received update logged with an alignment in the runs' events.jsonl."""
-  kappa, align = [], []
-  for d in run_dirs:
-    for e in io.read_events(d):
-      if e.get("type") == "update" and "alignment" in e and "kappa" in e:
-        kappa.append(float(e["kappa"]))
-        align.append(float(e["alignment"]))
-  return np.asarray(kappa), np.asarray(align)
-
-
-def alignment_stats(kappa: np.ndarray, align: np.ndarray, bin_width: float = 0.1) -> dict[str, Any]:
-  """Sec. 6.6: Pearson r and Spearman ρ of (κ, align) over the samples, and over the bins of κ
-  (bin k = floor(κ / w), i.e. [k·w, (k+1)·w); κ = 1 in the top bin [1 − w, 1]) between each non-empty
-  bin's centre and its mean alignment; the bins with their count, mean κ and mean alignment. A correlation needs 2+ points with
-  variation; otherwise it is nan."""
-  kappa, align = np.asarray(kappa, float), np.asarray(align, float)
-  top = int(round(1.0 / bin_width)) - 1  # κ = 1 exactly (a cosine's maximum) belongs to the top bin [1 - w, 1]
-  index = np.minimum(np.floor(kappa / bin_width).astype(int), top)
-  bins = []
-  for k in sorted(set(index.tolist())):
-    sel = index == k
-    bins.append({"lo": round(k * bin_width, 10), "hi": round((k + 1) * bin_width, 10),
-                 "centre": round((k + 0.5) * bin_width, 10), "count": int(sel.sum()),
-                 "mean_kappa": float(kappa[sel].mean()), "mean_alignment": float(align[sel].mean())})
-  centres = np.array([b["centre"] for b in bins])
-  means = np.array([b["mean_alignment"] for b in bins])
-
-  def corr(fn, x, y) -> float:
-    if len(x) < 2 or np.all(x == x[0]) or np.all(y == y[0]):
-      return math.nan
-    return float(fn(x, y)[0])
-
-  return {"n": int(len(kappa)), "bin_width": bin_width,
-          "pearson": corr(scipy.stats.pearsonr, kappa, align), "spearman": corr(scipy.stats.spearmanr, kappa, align),
-          "binned_pearson": corr(scipy.stats.pearsonr, centres, means),
-          "binned_spearman": corr(scipy.stats.spearmanr, centres, means), "bins": bins}
-
-
 # --- figures ------------------------------------------------------------------------------------------
 
 
 _pyplot = figures.pyplot  # (the one place the backend is chosen)
+
+
+def save_figure(fig: Any, path: str) -> str:
+  """The one ending of every figure: tight layout, a 120-dpi PNG at `path`, the figure closed (pyplot keeps
+  every open figure alive otherwise); `path`."""
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  _pyplot().close(fig)
+  return path
 
 
 def _mean_curve(run_dirs: Sequence[str], y: str = "test_accuracy") -> tuple[np.ndarray, np.ndarray] | None:
@@ -258,21 +229,21 @@ def curves_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, An
   """Learning curves: one panel per combination of `panels`, one line per label of `lines` (mean over
   seeds of test accuracy against virtual days). None when no member has metrics."""
   plt = _pyplot()
-  done = _completed(frame)
+  done = completed(frame)
   if done.empty:
     return None
-  keys = _product([_axis_labels(sweep, p, frame) for p in panels])
+  keys = _product([axis_labels(sweep, p, frame) for p in panels])
   ncols = min(len(keys), 3)
   nrows = math.ceil(len(keys) / ncols)
   fig, axes = plt.subplots(nrows, ncols, figsize=(4.5 * ncols, 3.3 * nrows), squeeze=False)
   for ax, key in zip(axes.flat, keys):
-    for label in _axis_labels(sweep, lines, frame):
+    for label in axis_labels(sweep, lines, frame):
       sel = done
       for k, v in {**dict(zip(panels, key)), lines: label}.items():
         sel = sel[sel[f"label:{k}"] == v]
       curve = _mean_curve(sel["run_dir"].tolist())
       if curve is not None:
-        ax.plot(curve[0], 100 * curve[1], label=_display(spec, label))
+        ax.plot(curve[0], 100 * curve[1], label=display_name(spec, label))
     ax.set_title(_key_text(spec, panels, key) or sweep.get("name", ""))
     ax.set_xlabel("virtual day")
     ax.set_ylabel("test accuracy (%)")
@@ -281,10 +252,7 @@ def curves_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, An
     ax.axis("off")
   if axes.flat[0].get_legend_handles_labels()[0]:
     axes.flat[0].legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return save_figure(fig, path)
 
 
 def heatmap_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], part: str, row: str, col: str,
@@ -306,76 +274,11 @@ def heatmap_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, A
                 color="k" if grid[i, j] > middle else "w")
   ax.set_xticks(range(len(cols)), [str(c) for c in cols])
   ax.set_yticks(range(len(rows)), [str(r) for r in rows])
-  ax.set_xlabel(_display(spec, col))
-  ax.set_ylabel(_display(spec, row))
+  ax.set_xlabel(display_name(spec, col))
+  ax.set_ylabel(display_name(spec, row))
   ax.set_title(f"{sweep.get('name', '')}: {spec.get('metric', 'final_test_accuracy')}")
   fig.colorbar(image, ax=ax)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
-
-
-OVERHEAD_METRICS = (("client_compute_seconds", 1.0, "client compute (s)"),
-                    ("server_compute_seconds", 1.0, "server compute (s)"),
-                    ("upload_bytes_per_update", 1 / 2**10, "upload per update (KiB)"),
-                    ("download_bytes_per_update", 1 / 2**10, "download per update (KiB)"),
-                    ("bytes_communicated", 1 / 2**20, "total communication (MiB)"))
-
-
-def overhead_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], path: str) -> str:
-  """Fig. 5: per dataset panel, bars of client and server compute seconds per method and a line of the
-  MiB communicated (uploads + downloads), on a second axis."""
-  plt = _pyplot()
-  methods = _axis_labels(sweep, "method", frame)
-  datasets = _axis_labels(sweep, "dataset", frame)
-  fig, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets), 3.6), squeeze=False)
-  x = np.arange(len(methods))
-  for ax, dataset in zip(axes.flat, datasets):
-    stat = {m: {k: cell_stats(frame, {"method": m, "dataset": dataset}, k, s)[0] for k, s, _ in OVERHEAD_METRICS}
-            for m in methods}
-    ax.bar(x - 0.2, [stat[m]["client_compute_seconds"] for m in methods], 0.4, label="client compute (s)")
-    ax.bar(x + 0.2, [stat[m]["server_compute_seconds"] for m in methods], 0.4, label="server compute (s)")
-    ax.set_xticks(x, [_display(spec, m).replace(" (Ours)", "").replace(" (Base)", "") for m in methods],
-                  rotation=45, fontsize=7)
-    ax.set_ylabel("seconds")
-    ax.set_title(_display(spec, dataset))
-    twin = ax.twinx()
-    twin.plot(x, [stat[m]["bytes_communicated"] for m in methods], "k.-", label="communication (MiB)")
-    twin.set_ylabel("MiB communicated")
-  handles = axes.flat[0].get_legend_handles_labels()
-  axes.flat[0].legend(handles[0] + [plt.Line2D([], [], color="k", marker=".")],
-                      handles[1] + ["communication (MiB)"], fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
-
-
-def alignment_figure(stats: dict[str, Any], path: str, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> str:
-  """Fig. 6: mean alignment per κ bin (line) and the count per bin (bars, second axis); with `pairs`
-  (κ, align) also every sample, faintly."""
-  plt = _pyplot()
-  bins = stats["bins"]
-  fig, ax = plt.subplots(figsize=(6, 3.8))
-  centres = [b["centre"] for b in bins]
-  twin = ax.twinx()
-  twin.bar(centres, [b["count"] for b in bins], width=0.8 * stats["bin_width"], alpha=0.3, color="gray")
-  twin.set_ylabel("count")
-  if pairs is not None:
-    ax.scatter(pairs[0], pairs[1], s=6, alpha=0.25, color="C1", label="updates")
-  ax.plot(centres, [b["mean_alignment"] for b in bins], "o-", color="C0", label="bin mean")
-  ax.set_zorder(twin.get_zorder() + 1)
-  ax.patch.set_visible(False)
-  ax.set_xlabel("κ (bin centre)")
-  ax.set_ylabel("mean alignment cos(g_client, g_server)")
-  ax.set_title(f"n={stats['n']}: r={stats['pearson']:.3f}, ρ={stats['spearman']:.3f}; binned "
-               f"r={stats['binned_pearson']:.3f}, ρ={stats['binned_spearman']:.3f}", fontsize=9)
-  ax.grid(True, alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return save_figure(fig, path)
 
 
 def learning_curve(run_dir: str, path: str) -> str:
@@ -390,93 +293,114 @@ def learning_curve(run_dir: str, path: str) -> str:
   ax.set_ylabel("test accuracy (%)")
   ax.grid(True, alpha=0.3)
   ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return save_figure(fig, path)
 
 
 # --- the report ---------------------------------------------------------------------------------------
 
 
-def _write(path: str, text: str) -> str:
+def write_text(path: str, text: str) -> str:
+  """`text` into the file `path`; `path`."""
   with open(path, "w") as f:
     f.write(text)
   return path
 
 
-def _csv(frame: pd.DataFrame, path: str) -> str:
+def write_csv(frame: pd.DataFrame, path: str) -> str:
+  """`frame` as CSV at `path`, its index written only when named (the row labels of a table); `path`."""
   frame.to_csv(path, index=frame.index.names != [None])
   return path
 
 
+@dataclasses.dataclass(frozen=True)
+class SweepReport:
+  """What a report kind draws from: the sweep directory, its sweep config (`sweep`), one row per member
+  (`frame`, see `load_members`), the layout (`spec`, the sweep config's `report` section), the output
+  directory and the markdown title."""
+
+  sweep_dir: str
+  sweep: dict[str, Any]
+  frame: pd.DataFrame
+  spec: dict[str, Any]
+  out: str
+  title: str
+
+  def path(self, name: str) -> str:
+    """`name` inside the report directory."""
+    return os.path.join(self.out, name)
+
+
+ReportKind = Callable[[SweepReport], list[str]]
+
+
+def table_curves(r: SweepReport) -> list[str]:
+  """Learning curves in the table's layout (one panel per column key, one line per label of the last row
+  axis), when the layout has both rows and cols; what every kind but 'curves' draws."""
+  if not (r.spec.get("cols") and r.spec.get("rows")):
+    return []
+  path = curves_figure(r.sweep, r.frame, r.spec, list(r.spec["cols"]), r.spec["rows"][-1], r.path("curves.png"))
+  return [path] if path else []
+
+
+def _curves_kind(r: SweepReport) -> list[str]:
+  """'curves': the learning curves laid out as panels `spec.panels` × lines `spec.lines` (Fig. 3)."""
+  path = curves_figure(r.sweep, r.frame, r.spec, list(r.spec["panels"]), r.spec["lines"], r.path("curves.png"))
+  return [path] if path else []
+
+
+def _heatmap_kind(r: SweepReport) -> list[str]:
+  """'heatmap': per `spec.heatmaps` entry (part, row axis, col axis), the part's metric as a heatmap and a
+  table (Fig. 4), the tables together in heatmap.md."""
+  written, sections = table_curves(r), [r.title]
+  for part, row, col in r.spec["heatmaps"]:
+    written.append(heatmap_figure(r.sweep, r.frame, r.spec, part, row, col, r.path(f"heatmap_{part}.png")))
+    markdown, means, _ = paper_table(r.sweep, r.frame, {**r.spec, "rows": [row], "cols": [col]},
+                                     where={"part": part})
+    sections.append(f"## {part}\n\n{markdown}")
+    written.append(write_csv(means, r.path(f"heatmap_{part}.csv")))
+  written.append(write_text(r.path("heatmap.md"), "\n".join(sections)))
+  return written
+
+
+# The layouts every sweep may use; a paper's own (FedPSA's Figs. 5-6) come from figure plug-ins.
+GENERIC_KINDS: dict[str, ReportKind] = {"table": table_curves, "curves": _curves_kind, "heatmap": _heatmap_kind}
+
+
+def report_kinds() -> dict[str, ReportKind]:
+  """{kind: fn} of every sweep layout: the generic ones and the figure plug-ins' `REPORT_KINDS`."""
+  plugins = figures.report_kinds()
+  clash = sorted(set(plugins) & set(GENERIC_KINDS))
+  if clash:
+    raise ReportError(f"figure plug-ins redefine the generic report kinds {clash}")
+  return {**GENERIC_KINDS, **plugins}
+
+
 def sweep_report(sweep_dir: str) -> list[str]:
-  """Every table and figure of a sweep directory into SWEEP_DIR/report; the paths written."""
+  """Every table and figure of a sweep directory into SWEEP_DIR/report; the paths written: members.csv,
+  the table (when the layout has rows or cols), the files of the layout's kind, the plug-ins' figures."""
   sweep, frame = load_members(sweep_dir)
   spec = dict(sweep.get("report", {}))
-  kind = spec.get("kind", "table")
+  kind, kinds = spec.get("kind", "table"), report_kinds()
+  if kind not in kinds:  # before any file is written
+    raise ReportError(f"{sweep_dir!r}: report.kind={kind!r} is invalid; allowed: {', '.join(sorted(kinds))}")
   out = os.path.join(sweep_dir, REPORT_DIR)
   os.makedirs(out, exist_ok=True)
   if "bytes_uploaded" in frame:
     frame["bytes_communicated"] = frame["bytes_uploaded"].astype(float) + frame["bytes_downloaded"].astype(float)
-  written = [_csv(frame.set_index("member"), os.path.join(out, "members.csv"))]
+  written = [write_csv(frame.set_index("member"), os.path.join(out, "members.csv"))]
   title = f"# {sweep.get('name')}: {sweep.get('description', '')}\n\n"  # (the name says -smoke for a smoke run)
   if spec.get("rows") or spec.get("cols"):
     markdown, means, stds = paper_table(sweep, frame, spec)
-    written.append(_write(os.path.join(out, "table.md"), title + markdown))
-    written.append(_csv(means, os.path.join(out, "table.csv")))
-    if _completed(frame).groupby([c for c in frame if c.startswith("label:") and c != "label:seed"]).size().max() > 1:
-      written.append(_csv(stds, os.path.join(out, "table_std.csv")))
-  if kind == "curves":
-    path = curves_figure(sweep, frame, spec, list(spec["panels"]), spec["lines"], os.path.join(out, "curves.png"))
-    written += [path] if path else []
-  elif spec.get("cols") and spec.get("rows"):
-    path = curves_figure(sweep, frame, spec, list(spec["cols"]), spec["rows"][-1], os.path.join(out, "curves.png"))
-    written += [path] if path else []
-  if kind == "heatmap":
-    sections = [title]
-    for part, row, col in spec["heatmaps"]:
-      written.append(heatmap_figure(sweep, frame, spec, part, row, col, os.path.join(out, f"heatmap_{part}.png")))
-      markdown, means, _ = paper_table(sweep, frame, {**spec, "rows": [row], "cols": [col]}, where={"part": part})
-      sections.append(f"## {part}\n\n{markdown}")
-      written.append(_csv(means, os.path.join(out, f"heatmap_{part}.csv")))
-    written.append(_write(os.path.join(out, "heatmap.md"), "\n".join(sections)))
-  if kind == "overhead":
-    sections, tables = [title], []
-    for metric, scale, name in OVERHEAD_METRICS:
-      markdown, means, _ = paper_table(sweep, frame, {**spec, "metric": metric, "scale": scale, "decimals": 3})
-      sections.append(f"## {name}\n\n{markdown}")
-      tables.append(means.add_prefix(f"{metric}:"))
-    written.append(_write(os.path.join(out, "overhead.md"), "\n".join(sections)))
-    written.append(_csv(pd.concat(tables, axis=1), os.path.join(out, "overhead.csv")))
-    written.append(overhead_figure(sweep, frame, spec, os.path.join(out, "overhead.png")))
-  if kind == "alignment":
-    kappa, align = alignment_pairs(_completed(frame)["run_dir"].tolist())
-    if len(kappa) == 0:
-      raise ReportError(f"{sweep_dir!r}: no κ-alignment pairs in the members' events.jsonl; allowed: a sweep "
-                        "run with fedpsa.log_alignment=True and output.events=True (configs/paper/fig6.py)")
-    stats = alignment_stats(kappa, align, float(spec.get("bin_width", 0.1)))
-    written.append(_write(os.path.join(out, "alignment.md"), title + alignment_markdown(stats)))
-    written.append(_csv(pd.DataFrame(stats["bins"]), os.path.join(out, "alignment_bins.csv")))
-    io.write_json_atomic(os.path.join(out, "alignment.json"), stats)
-    written.append(os.path.join(out, "alignment.json"))
-    written.append(alignment_figure(stats, os.path.join(out, "alignment.png"), (kappa, align)))
+    written.append(write_text(os.path.join(out, "table.md"), title + markdown))
+    written.append(write_csv(means, os.path.join(out, "table.csv")))
+    if completed(frame).groupby([c for c in frame if c.startswith("label:") and c != "label:seed"]).size().max() > 1:
+      written.append(write_csv(stds, os.path.join(out, "table_std.csv")))
+  written += kinds[kind](SweepReport(sweep_dir, sweep, frame, spec, out, title))
   run_dirs = [d for d in frame["run_dir"] if os.path.exists(os.path.join(d, "metrics.jsonl"))]
   for d in run_dirs:
     written += figures.run_figures(d, os.path.join(out, "runs", os.path.basename(d)))
   written += figures.group_figures(run_dirs, out)
   return written
-
-
-def alignment_markdown(stats: dict[str, Any]) -> str:
-  lines = [f"{stats['n']} received updates (pairs of κ, align).", "",
-           "| level | Pearson r | Spearman ρ |", "|---|---|---|",
-           f"| sample | {stats['pearson']:.4f} | {stats['spearman']:.4f} |",
-           f"| binned (width {stats['bin_width']}) | {stats['binned_pearson']:.4f} | {stats['binned_spearman']:.4f} |",
-           "", "| κ bin | count | mean κ | mean alignment |", "|---|---|---|---|"]
-  lines += [f"| [{b['lo']:.1f}, {b['hi']:.1f}) | {b['count']} | {b['mean_kappa']:.4f} | {b['mean_alignment']:.4f} |"
-            for b in stats["bins"]]
-  return "\n".join(lines) + "\n"
 
 
 def run_report(run_dir: str) -> list[str]:
@@ -496,10 +420,6 @@ def build(workdir: str) -> list[str]:
                     "directory (no metrics.jsonl); allowed: the --workdir of a --mode=sweep or of a run")
 
 
-def read_table_csv(path: str) -> pd.DataFrame:
-  """A report's table.csv back as a DataFrame (row labels as columns)."""
-  return pd.read_csv(path)
-
-
-__all__ = ["ReportError", "alignment_pairs", "alignment_stats", "build", "load_members", "paper_table",
-           "read_table_csv", "run_report", "sweep_report"]
+__all__ = ["GENERIC_KINDS", "ReportError", "ReportKind", "SweepReport", "axis_labels", "build", "cell_stats",
+           "completed", "display_name", "load_members", "paper_table", "report_kinds", "run_report", "save_figure",
+           "sweep_report", "table_curves", "write_csv", "write_text"]

@@ -1,12 +1,15 @@
-"""Reports (fedpsa_jax/report.py): the paper-layout table from summaries, the κ-alignment statistics
-against scipy.stats on the pairs a real FedPSA run logs (Eqs. 21-22), single-run reports and the figure
-plug-ins."""
+"""Reports (fedpsa_jax/report.py): the paper-layout table from summaries, the report kinds (generic ones and
+the plug-ins'), single-run reports and the figure plug-ins; FedPSA's plug-in (fedpsa_jax/figures/fedpsa.py):
+the κ-alignment statistics against scipy.stats on the pairs a real FedPSA run logs (Eqs. 21-22) and the
+Fig. 5 overhead tables."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import subprocess
+import sys
 import types
 
 import jax
@@ -18,6 +21,7 @@ import scipy.stats
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import api, figures, io, paper, report, sweep
+from fedpsa_jax.figures import fedpsa as fedpsa_figures
 from fedpsa_jax.models import get_model
 from fedpsa_jax.sim import runner
 from fedpsa_jax.strategies.fedpsa import make_alignment_fn
@@ -102,10 +106,10 @@ def test_kappa_alignment_statistics_equal_scipy_on_the_logged_pairs(alignment_ru
   kappa = np.array([u["kappa"] for u in updates])
   align = np.array([u["alignment"] for u in updates])
   assert np.all(np.abs(align) <= 1 + 1e-6) and np.std(align) > 0
-  got_kappa, got_align = report.alignment_pairs([workdir])
+  got_kappa, got_align = fedpsa_figures.alignment_pairs([workdir])
   np.testing.assert_array_equal(got_kappa, kappa)
   np.testing.assert_array_equal(got_align, align)
-  stats = report.alignment_stats(kappa, align, 0.1)
+  stats = fedpsa_figures.alignment_stats(kappa, align, 0.1)
   assert stats["n"] == len(updates)
   assert stats["pearson"] == pytest.approx(scipy.stats.pearsonr(kappa, align).statistic, abs=1e-12)
   assert stats["spearman"] == pytest.approx(scipy.stats.spearmanr(kappa, align).statistic, abs=1e-12)
@@ -121,7 +125,7 @@ def test_binned_statistics_equal_scipy_on_many_bins():
   rng = np.random.default_rng(3)
   kappa = np.concatenate([rng.uniform(-0.3, 1.0, 400), [1.0, 0.0]])  # κ = 1 joins the top bin
   align = 0.5 * kappa + rng.normal(0, 0.3, kappa.size)
-  stats = report.alignment_stats(kappa, align, 0.1)
+  stats = fedpsa_figures.alignment_stats(kappa, align, 0.1)
   index = np.minimum(np.floor(kappa / 0.1), 9).astype(int)
   keys = np.unique(index)
   centres = (keys + 0.5) * 0.1
@@ -204,6 +208,12 @@ def _fake_members(tmp_path, name: str, config_file: str, summary_of, events_of=N
   return workdir
 
 
+def _report_files(workdir: str, written: list[str]) -> list[str]:
+  """The paths `report.build` returned, relative to WORKDIR/report, each checked to exist."""
+  assert all(os.path.isfile(p) for p in written), written
+  return [os.path.relpath(p, os.path.join(workdir, "report")) for p in written]
+
+
 def api_config(spec: str):
   """A config file of the repository (path relative to its root) as launch.py loads it."""
   return api._load_config_file(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), spec))
@@ -214,7 +224,11 @@ def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
   acc = lambda m: 0.01 * sum(float(v) for k, v in m.labels.items() if k not in ("part", "seed"))
   workdir = _fake_members(tmp_path, "fig4", "configs/paper/fig4.py:smoke", lambda m: {"final_test_accuracy": acc(m)})
   written = report.build(workdir)
-  assert {os.path.basename(p) for p in written} >= {"heatmap_gamma_delta.png", "heatmap_ls_lq.png", "heatmap.md"}
+  # The exact files of each layout, in order (the plug-ins' group figure last): what report.py wrote when
+  # these kinds were an if-chain inside it.
+  assert _report_files(workdir, written) == [
+      "members.csv", "heatmap_gamma_delta.png", "heatmap_gamma_delta.csv", "heatmap_ls_lq.png", "heatmap_ls_lq.csv",
+      "heatmap.md", "accuracy_vs_upload.png"]
   grid = pd.read_csv(os.path.join(workdir, "report", "heatmap_ls_lq.csv")).set_index("buffer_size")
   assert grid.loc[2, "L_q=50"] == pytest.approx(100 * 0.01 * (2 + 50))
   # Fig. 5: the accounting fields per method and dataset.
@@ -222,7 +236,9 @@ def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
                       "bytes_uploaded": 2**20, "bytes_downloaded": 2**21, "upload_bytes_per_update": 1024.0,
                       "download_bytes_per_update": 2048.0, "final_test_accuracy": 0.5}
   workdir = _fake_members(tmp_path, "fig5", "configs/paper/fig5.py:smoke", fields)
-  report.build(workdir)
+  assert _report_files(workdir, report.build(workdir)) == [
+      "members.csv", "table.md", "table.csv", "curves.png", "overhead.md", "overhead.csv", "overhead.png",
+      "accuracy_vs_upload.png"]
   overhead = pd.read_csv(os.path.join(workdir, "report", "overhead.csv")).set_index("method")
   assert overhead.loc["fedpsa", "client_compute_seconds:CIFAR-10"] == pytest.approx(7.0)
   assert overhead.loc["ca2fl", "bytes_communicated:MNIST"] == pytest.approx(3.0)  # MiB up + down
@@ -234,9 +250,77 @@ def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
   events = lambda m: [{"type": "update", "kappa": k, "alignment": a} for k, a in pairs[m.labels["seed"]]] + [
       {"type": "round", "temperature": 1.0}]
   workdir = _fake_members(tmp_path, "fig6", "configs/paper/fig6.py:smoke,seeds=2", lambda m: {}, events)
-  report.build(workdir)
+  assert _report_files(workdir, report.build(workdir)) == [
+      "members.csv", "alignment.md", "alignment_bins.csv", "alignment.json", "alignment.png", "accuracy_vs_upload.png"]
   saved = json.load(open(os.path.join(workdir, "report", "alignment.json")))
   both = np.concatenate([pairs[0], pairs[1]])
   assert saved["n"] == 60
   assert saved["pearson"] == pytest.approx(scipy.stats.pearsonr(both[:, 0], both[:, 1]).statistic, abs=1e-12)
-  assert saved == json.loads(json.dumps(report.alignment_stats(both[:, 0], both[:, 1], 0.1)))
+  assert saved == json.loads(json.dumps(fedpsa_figures.alignment_stats(both[:, 0], both[:, 1], 0.1)))
+
+
+# --- report kinds ---------------------------------------------------------------------------------------
+
+
+def test_report_kinds_are_the_generic_ones_and_the_plugins():
+  kinds = report.report_kinds()
+  assert sorted(kinds) == ["alignment", "curves", "heatmap", "overhead", "table"]
+  assert kinds["overhead"] is fedpsa_figures.overhead_report and kinds["alignment"] is fedpsa_figures.alignment_report
+  assert all(kinds[k] is report.GENERIC_KINDS[k] for k in ("table", "curves", "heatmap"))
+
+
+def _fake_sweep_of_kind(tmp_path, kind: str) -> str:
+  accs = {(m, d, s): 0.5 for m in ("fedbuff", "fedpac", "fedpsa") for d in ("mnist", "fashion_mnist") for s in (0, 1)}
+  workdir = _fake_sweep(tmp_path, accs)
+  path = os.path.join(workdir, sweep.SWEEP_FILE)
+  saved = json.load(open(path))
+  saved["sweep"]["report"]["kind"] = kind
+  io.write_json_atomic(path, saved)
+  return workdir
+
+
+def test_an_unknown_report_kind_is_an_error_naming_the_allowed_ones(tmp_path):
+  workdir = _fake_sweep_of_kind(tmp_path, "scatter")
+  with pytest.raises(report.ReportError,
+                     match=r"report.kind='scatter' is invalid; allowed: alignment, curves, heatmap, overhead, table$"):
+    report.build(workdir)
+  assert not os.path.exists(os.path.join(workdir, "report"))  # refused before any file is written
+
+
+def test_sweep_report_dispatches_to_a_plugin_kind(tmp_path, monkeypatch):
+  """A plug-in's kind runs after the table, with the sweep's layout, and its paths come back in order."""
+  seen = []
+
+  def scatter(r: report.SweepReport) -> list[str]:
+    seen.append(r)
+    return [report.write_text(r.path("scatter.md"), r.title + "x\n")]
+
+  plugin = types.SimpleNamespace(REPORT_KINDS={"scatter": scatter})
+  monkeypatch.setattr(figures, "modules", lambda: [types.SimpleNamespace(), plugin])
+  workdir = _fake_sweep_of_kind(tmp_path, "scatter")
+  assert _report_files(workdir, report.build(workdir)) == ["members.csv", "table.md", "table.csv", "table_std.csv",
+                                                           "scatter.md"]
+  (r,) = seen
+  assert (r.sweep_dir, r.out, r.spec["kind"], r.spec["rows"]) == (workdir, os.path.join(workdir, "report"), "scatter",
+                                                                  ["method"])
+  assert len(r.frame) == 10 and r.title.startswith("# fake: Fake table")
+  # Two plug-ins defining one kind, or a plug-in redefining a generic one, is refused, not resolved by order.
+  monkeypatch.setattr(figures, "modules", lambda: [plugin, types.SimpleNamespace(__name__="other", REPORT_KINDS={
+      "scatter": scatter})])
+  with pytest.raises(ValueError, match="report kind 'scatter' is defined twice"):
+    report.report_kinds()
+  monkeypatch.setattr(figures, "modules", lambda: [types.SimpleNamespace(REPORT_KINDS={"table": scatter})])
+  with pytest.raises(report.ReportError, match="redefine the generic report kinds"):
+    report.report_kinds()
+
+
+def test_report_and_its_plugins_need_no_jax():
+  code = ("import sys\n"
+          "import fedpsa_jax.report as report, fedpsa_jax.figures.fedpsa\n"
+          "assert sorted(report.report_kinds()) == ['alignment', 'curves', 'heatmap', 'overhead', 'table']\n"
+          "print(sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'fedpsa_jax.sim', "
+          "'fedpsa_jax.strategies'))))\n")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.strip() == "[]"

@@ -77,6 +77,23 @@ def test_vocabularies_are_those_of_the_code_that_implements_them():
   assert sensitivity.FISHER_METHODS == choices.FISHER_METHODS and partition.PARTITIONERS == choices.PARTITIONERS
   assert sources.DATASETS == choices.DATASETS and sources.TEST_SPLITS == choices.TEST_SPLITS
   assert executor.EXECUTIONS == choices.EXECUTIONS and calibration.CALIBRATION_KINDS == choices.CALIBRATION_KINDS
+  # These two are defined once, in choices.py, not copied.
+  assert executor.EXECUTIONS is choices.EXECUTIONS and calibration.CALIBRATION_KINDS is choices.CALIBRATION_KINDS
+
+
+def test_strategy_section_rows_and_the_buffer_bound():
+  from fedpsa_jax.strategies.common import buffer_size, buffer_size_errors, section_errors
+
+  c = {"partition": {"num_clients": 4}, "m": {"buffer_size": 5, "lr": True, "on": 1}}
+  assert section_errors(c, "m", (("buffer_size", buffer_size(c)), ("lr", number(gt=0)), ("on", boolean))) == [
+      "m.buffer_size=5 is invalid; allowed: an integer in [1, 4] (at most partition.num_clients)",
+      "m.lr=True is invalid; allowed: a number > 0", "m.on=1 is invalid; allowed: True, False"]
+  assert buffer_size_errors({**c, "m": {"buffer_size": 4}}, "m") == []
+  # A bad N is the run config's own error; K is then only checked to be >= 1 (no comparison with a bool).
+  bad_n = {"partition": {"num_clients": True}, "m": {"buffer_size": 9}}
+  assert buffer_size_errors(bad_n, "m") == []
+  assert buffer_size_errors({**bad_n, "m": {"buffer_size": 0}}, "m") == [
+      "m.buffer_size=0 is invalid; allowed: an integer >= 1"]
 
 
 # --- set_fields ------------------------------------------------------------------------------------------

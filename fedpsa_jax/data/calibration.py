@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-CALIBRATION_KINDS = ("gaussian", "real")
+from fedpsa_jax import choices
+
+CALIBRATION_KINDS = choices.CALIBRATION_KINDS  # sensitivity.calibration: defined once, in the config's vocabularies
 
 
 def gaussian_batch(size: int, input_shape: tuple[int, ...], num_classes: int,

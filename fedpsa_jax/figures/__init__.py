@@ -1,13 +1,18 @@
 """Figure plug-ins: every module of this package may add figures to reports without report changes.
 
-A module defines either or both of
+A module defines any of
 - `run_figures(run_dir, out_dir) -> list[str]`: figures of one run directory (e.g. CASA's cluster
   assignments over time), written into `out_dir`;
 - `group_figures(run_dirs, out_dir) -> list[str]`: figures over several runs (a sweep), e.g. AiFed's
-  accuracy against accumulated upload MB.
+  accuracy against accumulated upload MB;
+- `REPORT_KINDS = {kind: fn}`: sweep report layouts beyond report.py's generic 'table', 'curves' and
+  'heatmap', chosen by a sweep config's `report.kind`; `fn(r: report.SweepReport) -> list[str]` writes
+  into `r.out` (FedPSA's Fig. 5 'overhead' and Fig. 6 'alignment', figures/fedpsa.py).
 `fedpsa_jax.report` calls `run_figures` below for each run and `group_figures` for the whole sweep; they
 call the function of that name in every module that defines it (in module-name order) and return the
-paths written. A module that has nothing to draw for a run (not its method) returns [].
+paths written. A module that has nothing to draw for a run (not its method) returns []. `report_kinds`
+gathers the modules' kinds for `report.report_kinds`. The modules read run directories only, so that
+reports need no JAX.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import importlib
 import os
 import pkgutil
 from types import ModuleType
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 
 def pyplot():
@@ -54,3 +59,15 @@ def group_figures(run_dirs: Sequence[str], out_dir: str) -> list[str]:
     if hasattr(module, "group_figures"):
       written += list(module.group_figures(list(run_dirs), out_dir) or [])
   return written
+
+
+def report_kinds() -> dict[str, Callable[[Any], list[str]]]:
+  """{kind: fn} of every module's `REPORT_KINDS`; a kind that two modules define is an error (one would
+  silently hide the other)."""
+  kinds: dict[str, Callable[[Any], list[str]]] = {}
+  for module in modules():
+    for kind, fn in dict(getattr(module, "REPORT_KINDS", {})).items():
+      if kind in kinds:
+        raise ValueError(f"report kind {kind!r} is defined twice, the second time by {module.__name__}")
+      kinds[kind] = fn
+  return kinds

@@ -119,8 +119,9 @@ import numpy as np
 
 from fedpsa_jax import seeding
 from fedpsa_jax.strategies.base import Arrival, ClientJob, ClientSide, Strategy, register
-from fedpsa_jax.strategies.common import buffer_size_errors
+from fedpsa_jax.strategies.common import buffer_size, section_errors
 from fedpsa_jax.tree_util import tree_bytes
+from fedpsa_jax.validation import integer, number, one_of
 
 Params = Any
 VARIANTS = ("aifed", "almu", "agma", "lis", "lir")
@@ -434,24 +435,15 @@ class AiFed(Strategy):
 
   @classmethod
   def validate_config(cls, config: ml_collections.ConfigDict) -> list[str]:
-    c = config.aifed
-    errors = []
-    for field, allowed in (("variant", VARIANTS), ("lir", LIR_KINDS), ("trigger", TRIGGERS),
-                           ("normalisation", NORMALISATIONS), ("accuracy_data", ACCURACY_DATA),
-                           ("upload_when", UPLOAD_RULES), ("rank_layers", RANK_LAYERS)):
-      if c[field] not in allowed:
-        errors.append(f"aifed.{field}={c[field]!r} is invalid; allowed: {', '.join(allowed)}")
-    for field in ("stimuli_per_class", "num_pairs", "period", "accuracy_batch_size"):
-      if not (isinstance(c[field], int) and not isinstance(c[field], bool) and c[field] >= 1):
-        errors.append(f"aifed.{field}={c[field]!r} is invalid; allowed: an integer >= 1")
-    w = c.rank_window  # a group of one has no rank (every client would be the most consistent)
-    if not (isinstance(w, int) and not isinstance(w, bool) and w >= 2):
-      errors.append(f"aifed.rank_window={w!r} is invalid; allowed: an integer >= 2")
-    for field in ("alpha_round", "alpha_acc"):
-      if not (isinstance(c[field], (int, float)) and not isinstance(c[field], bool) and math.isfinite(c[field])):
-        errors.append(f"aifed.{field}={c[field]!r} is invalid; allowed: a finite number")
-    errors += buffer_size_errors(config, "aifed")
-    return errors
+    options = (("variant", VARIANTS), ("lir", LIR_KINDS), ("trigger", TRIGGERS), ("normalisation", NORMALISATIONS),
+               ("accuracy_data", ACCURACY_DATA), ("upload_when", UPLOAD_RULES), ("rank_layers", RANK_LAYERS))
+    counts = ("stimuli_per_class", "num_pairs", "period", "accuracy_batch_size")
+    return section_errors(config, "aifed", (
+        *((field, one_of(allowed)) for field, allowed in options), *((field, integer(ge=1)) for field in counts),
+        # A group of one has no rank (every client would be the most consistent).
+        ("rank_window", integer(ge=2)),
+        ("alpha_round", number()), ("alpha_acc", number()),  # Eq. 9's coefficients: any sign, finite
+        ("buffer_size", buffer_size(config))))
 
   def __init__(self, config, ctx):
     super().__init__(config, ctx)

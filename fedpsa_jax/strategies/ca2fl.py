@@ -36,8 +36,9 @@ import jax.numpy as jnp
 import ml_collections
 
 from fedpsa_jax.strategies.base import Arrival, Strategy, register
-from fedpsa_jax.strategies.common import buffer_size_errors
+from fedpsa_jax.strategies.common import buffer_size, section_errors
 from fedpsa_jax.tree_util import squared_norm
+from fedpsa_jax.validation import number
 
 Params = Any
 
@@ -81,11 +82,7 @@ class CA2FL(Strategy):
 
   @classmethod
   def validate_config(cls, config: ml_collections.ConfigDict) -> list[str]:
-    errors = buffer_size_errors(config, "ca2fl")
-    lr = config.ca2fl.server_lr
-    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0):
-      errors.append(f"ca2fl.server_lr={lr!r} is invalid; allowed: a number > 0")
-    return errors
+    return section_errors(config, "ca2fl", (("buffer_size", buffer_size(config)), ("server_lr", number(gt=0))))
 
   def init(self, params: Params) -> CA2FLState:
     zeros = jax.tree.map(jnp.zeros_like, params)

@@ -96,7 +96,9 @@ import scipy.linalg
 
 from fedpsa_jax import seeding
 from fedpsa_jax.strategies.base import Arrival, EvalModels, Strategy, register
+from fedpsa_jax.strategies.common import section_errors
 from fedpsa_jax.tree_util import tree_add
+from fedpsa_jax.validation import boolean, integer, number, one_of
 
 Params = Any
 OMEGA_BASE = math.e / 2.8  # Ω(t) = (e / 2.8)^(k·t), Appendix A.2.3
@@ -305,34 +307,12 @@ class CASA(Strategy):
 
   @classmethod
   def validate_config(cls, config: ml_collections.ConfigDict) -> list[str]:
-    c, errors = config.casa, []
-
-    def check(ok: bool, field: str, allowed: str) -> None:
-      if not ok:
-        errors.append(f"casa.{field}={c[field]!r} is invalid; allowed: {allowed}")
-
-    def number(v) -> bool:
-      return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-    def integer(v) -> bool:
-      return isinstance(v, int) and not isinstance(v, bool)
-
-    check(number(c.alpha0) and c.alpha0 > 0, "alpha0", "a number > 0")
-    check(number(c.omega_k) and c.omega_k >= 0, "omega_k", "a number >= 0 (0: Ω = 1)")
-    check(c.omega_clock in OMEGA_CLOCKS, "omega_clock", ", ".join(OMEGA_CLOCKS))
-    check(integer(c.size_offset) and c.size_offset >= 1, "size_offset", "an integer >= 1")
-    check(number(c.gamma) and c.gamma > 0, "gamma", "a number > 0")
-    check(integer(c.num_eigenvalues) and c.num_eigenvalues >= 3, "num_eigenvalues", "an integer >= 3")
-    check(integer(c.buffer_budget) and c.buffer_budget >= 0, "buffer_budget", "an integer >= 0")
-    check(integer(c.gap_rounds) and c.gap_rounds >= 1, "gap_rounds", "an integer >= 1")
-    check(number(c.min_computed) and 0 <= c.min_computed <= 1, "min_computed", "a number in [0, 1]")
-    check(c.similarity in SIMILARITIES, "similarity", ", ".join(SIMILARITIES))
-    for flag in ("plus", "no_clustering", "no_decay"):
-      check(isinstance(c[flag], bool), flag, "True, False")
-    check(number(c.sparsity_s0) and 0 <= c.sparsity_s0 <= 2, "sparsity_s0", "a number in [0, 2]")
-    check(integer(c.sparsity_rounds) and c.sparsity_rounds >= 1, "sparsity_rounds", "an integer >= 1")
-    check(number(c.fixed_alpha) and 0 < c.fixed_alpha <= 1, "fixed_alpha", "a number in (0, 1]")
-    return errors
+    return section_errors(config, "casa", (
+        ("alpha0", number(gt=0)), ("omega_k", number(ge=0, note="0: Ω = 1")), ("omega_clock", one_of(OMEGA_CLOCKS)),
+        ("size_offset", integer(ge=1)), ("gamma", number(gt=0)), ("num_eigenvalues", integer(ge=3)),
+        ("buffer_budget", integer(ge=0)), ("gap_rounds", integer(ge=1)), ("min_computed", number(ge=0, le=1)),
+        ("similarity", one_of(SIMILARITIES)), ("plus", boolean), ("no_clustering", boolean), ("no_decay", boolean),
+        ("sparsity_s0", number(ge=0, le=2)), ("sparsity_rounds", integer(ge=1)), ("fixed_alpha", number(gt=0, le=1))))
 
   def __init__(self, config, ctx):
     super().__init__(config, ctx)

@@ -12,7 +12,6 @@ so one event time is one round. Clients add the proximal term μ/2 ||w − w_dis
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Sequence
 
 import flax
@@ -23,6 +22,8 @@ import numpy as np
 
 from fedpsa_jax import local
 from fedpsa_jax.strategies.base import Arrival, ClientSide, Strategy, register
+from fedpsa_jax.strategies.common import section_errors
+from fedpsa_jax.validation import number, one_of
 
 Params = Any
 STALENESS_FUNCTIONS = ("constant", "polynomial", "hinge")
@@ -83,19 +84,11 @@ class FedAsync(Strategy):
 
   @classmethod
   def validate_config(cls, config: ml_collections.ConfigDict) -> list[str]:
-    c, errors = config.fedasync, []
-    if c.staleness not in STALENESS_FUNCTIONS:
-      errors.append(f"fedasync.staleness={c.staleness!r} is invalid; allowed: {', '.join(STALENESS_FUNCTIONS)}")
-    if not (isinstance(c.alpha, (int, float)) and 0 < c.alpha <= 1):
-      errors.append(f"fedasync.alpha={c.alpha!r} is invalid; allowed: a number in (0, 1]")
-    if not (isinstance(c.prox_mu, (int, float)) and c.prox_mu >= 0):
-      errors.append(f"fedasync.prox_mu={c.prox_mu!r} is invalid; allowed: a number >= 0")
-    # Checked whichever function is chosen, so a bad value is caught before someone switches to it.
-    for field in ("a", "hinge_a", "hinge_b"):
-      v = c[field]
-      if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
-        errors.append(f"fedasync.{field}={v!r} is invalid; allowed: a finite number >= 0")
-    return errors
+    # a, hinge_a and hinge_b are checked whichever function is chosen, so that a bad value is caught before
+    # someone switches to it.
+    return section_errors(config, "fedasync", (
+        ("staleness", one_of(STALENESS_FUNCTIONS)), ("alpha", number(gt=0, le=1)), ("prox_mu", number(ge=0)),
+        ("a", number(ge=0)), ("hinge_a", number(ge=0)), ("hinge_b", number(ge=0))))
 
   def __init__(self, config, ctx):
     super().__init__(config, ctx)

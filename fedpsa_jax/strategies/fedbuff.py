@@ -12,12 +12,13 @@ from typing import Any, Sequence
 
 import flax
 import jax
-import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from fedpsa_jax.strategies.base import Arrival, Strategy, register
-from fedpsa_jax.strategies.common import buffer_size_errors
+from fedpsa_jax.strategies.common import buffer_size, section_errors
 from fedpsa_jax.tree_util import apply_weighted
+from fedpsa_jax.validation import number
 
 Params = Any
 
@@ -42,16 +43,13 @@ class FedBuff(Strategy):
 
   @classmethod
   def validate_config(cls, config: ml_collections.ConfigDict) -> list[str]:
-    errors = buffer_size_errors(config, "fedbuff")
-    if not (isinstance(config.fedbuff.server_lr, (int, float)) and config.fedbuff.server_lr > 0):
-      errors.append(f"fedbuff.server_lr={config.fedbuff.server_lr!r} is invalid; allowed: a number > 0")
-    return errors
+    return section_errors(config, "fedbuff", (("buffer_size", buffer_size(config)), ("server_lr", number(gt=0))))
 
   def init(self, params: Params) -> BufferState:
     return BufferState(params=params)
 
-  def staleness_weight(self, tau: jax.Array) -> jax.Array:
-    """s(τ) = (1 + τ)^(-1/2), FedBuff's staleness discount; override it to try another."""
+  def staleness_weight(self, tau: np.ndarray) -> np.ndarray:
+    """s(τ) = (1 + τ)^(-1/2), FedBuff's staleness discount (NumPy, on the host); override it to try another."""
     return (1.0 + tau) ** -0.5
 
   def receive(self, state: BufferState, arrivals: Sequence[Arrival]) -> tuple[BufferState, bool]:
@@ -59,7 +57,9 @@ class FedBuff(Strategy):
     staleness = state.staleness + tuple(a.staleness for a in arrivals)
     if len(deltas) < self.hparams.buffer_size:
       return state.replace(deltas=deltas, staleness=staleness), False
-    weights = self.hparams.server_lr * self.staleness_weight(jnp.asarray(staleness, jnp.float32)) / len(deltas)
+    # The weights on the host, which knows the staleness (NumPy: no eager device ops per round).
+    weights = (self.hparams.server_lr * self.staleness_weight(np.asarray(staleness, np.float32))
+               / np.float32(len(deltas))).astype(np.float32)
     params = apply_weighted(state.params, deltas, weights)
     return BufferState(params=params, last_weights=weights), True
 

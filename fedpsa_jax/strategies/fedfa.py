@@ -32,7 +32,9 @@ import jax
 import ml_collections
 
 from fedpsa_jax.strategies.base import Arrival, Strategy, register
+from fedpsa_jax.strategies.common import section_errors
 from fedpsa_jax.tree_util import tree_add
+from fedpsa_jax.validation import integer
 
 Params = Any
 
@@ -61,10 +63,7 @@ class FedFa(Strategy):
 
   @classmethod
   def validate_config(cls, config: ml_collections.ConfigDict) -> list[str]:
-    k = config.fedfa.window_size
-    if not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
-      return [f"fedfa.window_size={k!r} is invalid; allowed: an integer >= 1"]
-    return []
+    return section_errors(config, "fedfa", (("window_size", integer(ge=1)),))
 
   def init(self, params: Params) -> WindowState:
     return WindowState(params=params)

@@ -74,8 +74,9 @@ import scipy.optimize
 from fedpsa_jax import models
 from fedpsa_jax.local import LocalLoss
 from fedpsa_jax.strategies.base import Arrival, ClientJob, ClientSide, Strategy, register
-from fedpsa_jax.strategies.common import buffer_size_errors
+from fedpsa_jax.strategies.common import buffer_size, section_errors
 from fedpsa_jax.tree_util import apply_weighted
+from fedpsa_jax.validation import integer, number
 
 Params = Any
 WEIGHT_EPSILON = 1e-3  # collaboration weights below this are zeroed, as in the official code
@@ -258,13 +259,8 @@ class FedPAC(Strategy):
 
   @classmethod
   def validate_config(cls, config: ml_collections.ConfigDict) -> list[str]:
-    c = config.fedpac
-    errors = buffer_size_errors(config, "fedpac")
-    if not (isinstance(c.lam, (int, float)) and not isinstance(c.lam, bool) and c.lam >= 0):
-      errors.append(f"fedpac.lam={c.lam!r} is invalid; allowed: a number >= 0")
-    if not (isinstance(c.stats_batch_size, int) and not isinstance(c.stats_batch_size, bool)
-            and c.stats_batch_size >= 1):
-      errors.append(f"fedpac.stats_batch_size={c.stats_batch_size!r} is invalid; allowed: an integer >= 1")
+    errors = section_errors(config, "fedpac", (("buffer_size", buffer_size(config)), ("lam", number(ge=0)),
+                                               ("stats_batch_size", integer(ge=1))))
     if config.model.name not in models.FEATURE_MODELS:
       errors.append(f"model.name={config.model.name!r} is invalid for method=fedpac; allowed: "
                     f"{', '.join(models.FEATURE_MODELS)} ({NO_EXTRACTOR})")

@@ -41,7 +41,6 @@ the aggregation.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Sequence
 
 import flax
@@ -53,8 +52,9 @@ import ml_collections
 from fedpsa_jax import seeding, sensitivity
 from fedpsa_jax.data.calibration import gaussian_batch
 from fedpsa_jax.strategies.base import Arrival, ClientSide, Strategy, register
-from fedpsa_jax.strategies.common import buffer_size_errors
+from fedpsa_jax.strategies.common import buffer_size, section_errors
 from fedpsa_jax.tree_util import apply_weighted, squared_norm
+from fedpsa_jax.validation import boolean, integer, is_number, number
 
 Params = Any
 
@@ -74,6 +74,7 @@ class FedPSAState:
   last_alignments: jax.Array | None = None  # align_i of the last receive's arrivals (log_alignment only)
 
 
+@functools.partial(jax.jit, static_argnums=(2, 3))
 def temperature(queue: jax.Array, m0: jax.Array, gamma: float, delta: float) -> jax.Array:
   """Eqs. 17-18: Temp = (M_cur / M0) γ + δ with M_cur the mean of the (full) queue."""
   return jnp.mean(queue) / jnp.maximum(m0, jnp.finfo(jnp.float32).tiny) * gamma + delta  # M0 = 0 only if every Δ was 0
@@ -160,26 +161,24 @@ class FedPSA(Strategy):
   @classmethod
   def validate_config(cls, config: ml_collections.ConfigDict) -> list[str]:
     c = config.fedpsa
-    errors = buffer_size_errors(config, "fedpsa")
-    if not (isinstance(c.queue_length, int) and c.queue_length >= 1):
-      errors.append(f"fedpsa.queue_length={c.queue_length!r} is invalid; allowed: an integer >= 1")
-    for field in ("gamma", "delta"):
-      if not (isinstance(c[field], (int, float)) and c[field] >= 0):
-        errors.append(f"fedpsa.{field}={c[field]!r} is invalid; allowed: a number >= 0")
-    if not isinstance(c.get("log_alignment", False), bool):
-      errors.append(f"fedpsa.log_alignment={c.log_alignment!r} is invalid; allowed: True, False")
-    elif c.get("log_alignment", False) and not config.output.events:
+    rows = [("buffer_size", buffer_size(config)), ("queue_length", integer(ge=1)), ("gamma", number(ge=0)),
+            ("delta", number(ge=0)), ("no_temperature", boolean), ("no_sensitivity", boolean)]
+    # A section written before these two fields existed reads as their defaults (False, 0), as `__init__` and
+    # `fixed_temperature` read it.
+    rows += [(field, validator) for field, validator in (
+        ("log_alignment", boolean),
+        ("fixed_temperature", number(ge=0, note="0: Temp = gamma + delta; > 0: the fixed Temp of no_temperature")))
+             if field in c]
+    errors = section_errors(config, "fedpsa", rows)
+    if c.get("log_alignment", False) is True and not config.output.events:
       errors.append("fedpsa.log_alignment=True is invalid with output.events=False; allowed: output.events=True "
                     "(the pairs are written to events.jsonl), or log_alignment=False")
     fixed = c.get("fixed_temperature", 0.0)
-    if not (isinstance(fixed, (int, float)) and not isinstance(fixed, bool) and math.isfinite(fixed) and fixed >= 0):
-      errors.append(f"fedpsa.fixed_temperature={fixed!r} is invalid; allowed: a finite number > 0 (the fixed Temp "
-                    "of no_temperature), or 0 (Temp = gamma + delta)")
-    elif fixed > 0 and c.no_temperature is not True:
+    if is_number(fixed) and fixed > 0 and c.no_temperature is not True:
       # Without the switch the thermometer sets Temp: a fixed value would silently do nothing.
       errors.append(f"fedpsa.fixed_temperature={fixed!r} is invalid with fedpsa.no_temperature="
                     f"{c.no_temperature!r}; allowed: 0, or any value > 0 together with fedpsa.no_temperature=True")
-    if isinstance(c.gamma, (int, float)) and isinstance(c.delta, (int, float)) and c.gamma + c.delta <= 0:
+    if is_number(c.gamma) and is_number(c.delta) and c.gamma + c.delta <= 0:
       errors.append(f"fedpsa.delta={c.delta!r} is invalid; allowed: gamma + delta > 0 (Temp must be positive)")
     return errors
 
@@ -224,8 +223,10 @@ class FedPSA(Strategy):
       count += 1
       if count == h.queue_length:
         m0 = jnp.mean(queue)  # Algorithm 1 line 20: M0 fixed at the first fill
-      if count >= h.queue_length and not h.no_temperature:
-        temp = temperature(queue, m0, h.gamma, h.delta)
+    # Eq. 18 after this receive's last push (it depends only on the queue and M0: computing it once per
+    # receive gives the value a per-arrival update would end at).
+    if count >= h.queue_length and not h.no_temperature:
+      temp = temperature(queue, m0, float(h.gamma), float(h.delta))
     deltas = state.deltas + tuple(a.delta for a in arrivals)
     state = state.replace(queue=queue, m0=m0, queue_count=count, kappas=kappas, deltas=deltas, temperature=temp)
     if len(deltas) < h.buffer_size:
