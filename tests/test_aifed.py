@@ -42,6 +42,7 @@ def _cfg(num_clients=6, **section):
   cfg.method = "aifed"
   cfg.model.name = "tiny_mlp"
   cfg.partition.num_clients = num_clients
+  cfg.aifed.upload_when = "consistent"  # the threshold rule of Eq. 8-9 (the rank default has its own tests)
   for key, value in section.items():
     cfg.aifed[key] = value
   return cfg
@@ -503,7 +504,11 @@ def test_end_to_end_bytes_match_the_layers_sent(runs):
   uploads = np.asarray(state.layer_uploads)
   non_empty = state.arrivals - state.empty_uploads
   assert summary["client_updates"] == state.arrivals
-  assert summary["bytes_uploaded"] == int(uploads @ np.asarray(layer_bytes)) + non_empty * (len(layer_bytes) + 12)
+  num_layers = len(layer_bytes)
+  assert sim.config.aifed.upload_when == "rank"  # the default: every update also reports its rc [L] (float32)
+  # Per update that sends layers: the mask (L bools), r̂, n, LIR (4 bytes each) and rc; an empty one: rc alone.
+  assert summary["bytes_uploaded"] == (int(uploads @ np.asarray(layer_bytes)) + non_empty * (num_layers + 12)
+                                       + state.arrivals * 4 * num_layers)
   assert 0 < uploads.sum() < state.arrivals * len(layer_bytes)  # some layers were withheld, some sent
 
 
