@@ -19,8 +19,12 @@ writes a jax.profiler trace (TensorBoard / Perfetto) to WORKDIR/trace with one n
 
 train: rerunning into the same --workdir continues the run from its last complete checkpoint (bitwise
 the same metrics as an uninterrupted run); `--resume` does so explicitly, and without --workdir finds the
-newest run of the same config under runs/. Bad input (config, workdir, missing data) exits with code 2
-and one message, no traceback; a diverged run exits with code 1.
+newest run of the same config under runs/.
+
+Every failure a user can cause ends in one message on stderr, no traceback, and its exit code
+(fedpsa_jax/cli.py): 2 bad input (a flag, a config file or value, the workdir, missing data, a checkpoint
+that must not or cannot be restored), nothing done; 1 a diverged or failed run; 3 an output that could not
+be written (a full disk); 130 / 143 a run stopped by SIGINT / SIGTERM (status `interrupted`, resumable).
 """
 
 from __future__ import annotations
@@ -57,14 +61,17 @@ import ml_collections  # noqa: E402  (after XLA_FLAGS is set)
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from fedpsa_jax import cli, errors, io, profiling
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import checkpoint, io, profiling
 from fedpsa_jax import sweep as sweep_lib
-from fedpsa_jax.data.sources import DatasetNotFoundError
 from fedpsa_jax.sim import runner
+from fedpsa_jax.validation import MISSING, get_field
 
-# Locked once built: `--config.field=value` may change a field but not add one (a typo is an error).
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Run config file[:arg].",
+DEFAULT_CONFIG = "configs/default.py"
+# Locked once built: `--config.field=value` may change a field but not add one (a typo is an error). No
+# default here: ml_collections would load a default config file while this module is imported, outside
+# any error handling; `parse_flags` adds `--config=DEFAULT_CONFIG` to the command line instead.
+_CONFIG = config_flags.DEFINE_config_file("config", None, f"Run config file[:arg] (default: {DEFAULT_CONFIG}).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config>-<time>).")
 _MODE = flags.DEFINE_enum("mode", "train", ["train", "profile", "sweep", "report"], "What to do with the config.")
@@ -73,7 +80,8 @@ _EXECUTOR = flags.DEFINE_enum("executor", "local", list(sweep_lib.EXECUTORS),
 _COMPILATION_CACHE = flags.DEFINE_string(
     "compilation_cache", None, "sweep: JAX persistent compilation cache directory shared by the members "
     "(default: WORKDIR/jax_cache; '' turns it off). Members recompile the same functions; the cache makes "
-    "short members ~3x faster and does not change results.")
+    "short members ~3x faster and does not change results. It holds executable code: use only a cache "
+    "this user made.")
 _RAY_ADDRESS = flags.DEFINE_string("ray_address", None, "sweep --executor=ray: the cluster address for "
                                    "ray.init(address=...) ('auto': this node's cluster); none: a local instance.")
 flags.DEFINE_integer("host_devices", 3, "CPU only: host devices XLA creates (set before JAX starts). With 3 or "
@@ -85,6 +93,129 @@ _RESUME = flags.DEFINE_bool(
     "resume", False, "train: continue the run in --workdir (without --workdir: the newest "
     "runs/<config>-* run of this same config) from its last complete checkpoint; an error if there is "
     "none. Rerunning into the same --workdir resumes as well, without this flag.")
+
+
+# --- flags and config files --------------------------------------------------------------------------
+
+
+def _config_spec(argv: list[str]) -> str | None:
+  """The value of the last `--config=...` / `--config ...` in argv (None when absent)."""
+  spec = None
+  for i, arg in enumerate(argv):
+    if arg.startswith(("--config=", "-config=")):
+      spec = arg.split("=", 1)[1]
+    elif arg in ("--config", "-config") and i + 1 < len(argv):
+      spec = argv[i + 1]
+  return spec
+
+
+def _without_config(args: list[str]) -> list[str]:
+  """`args` without `--config=...` / `--config ...` (`_config_spec` has its value)."""
+  out, skip = [], False
+  for arg in args:
+    if skip:
+      skip = False
+    elif arg in ("--config", "-config"):
+      skip = True
+    elif not arg.startswith(("--config=", "-config=")):
+      out.append(arg)
+  return out
+
+
+def _overrides(argv: list[str]) -> list[tuple[str, str]]:
+  """(dotted field, the argument as given) of every `--config.<field>=value` in argv, in order."""
+  out = []
+  for arg in argv:
+    name = arg.lstrip("-").split("=", 1)[0]
+    for prefix in ("config.", "noconfig."):  # (`--noconfig.flag` sets a boolean field to False)
+      if arg.startswith("-") and name.startswith(prefix):
+        out.append((name[len(prefix):].split("[", 1)[0], arg))
+  return out
+
+
+def _unknown_override(argv: list[str], spec: str) -> str | None:
+  """The message for the first `--config.<field>` override that names no field of the config, if any.
+
+  ml_collections reports such a field (the config is locked) as a bare AttributeError deep in its flag
+  parser; this names the flag and the nearest field, as `config.set_fields` does for the notebook API.
+  Loads the config file once more, so only on that error path."""
+  overrides = _overrides(argv)
+  if not overrides:
+    return None
+  try:
+    config = flags.FLAGS["config"].parser.parse(spec)
+  except Exception:  # (the file itself fails: its own message is the better one)
+    return None
+  if not isinstance(config, ml_collections.ConfigDict):
+    return _not_a_config(spec, config)
+  for field, arg in overrides:
+    if get_field(config, field) is MISSING:
+      return f"{arg}: {config_lib.unknown_field(config, field)}"
+  return None
+
+
+def _not_a_config(spec: str, config: object) -> str:
+  return (f"--config={spec}: get_config() returned {type(config).__name__}; allowed: a config file whose "
+          "get_config(arg) returns a ConfigDict")
+
+
+def _flags_error_message(err: BaseException, argv: list[str], spec: str) -> str:
+  """One line for an error raised while the flags and the config file were parsed (see `parse_flags`)."""
+  chain = cli.exception_chain(err)
+  if isinstance(chain[-1], (AttributeError, KeyError)):
+    unknown = _unknown_override(argv, spec)
+    if unknown:
+      return unknown
+  if isinstance(chain[-1], AttributeError) and "has no attribute 'get_config'" in str(chain[-1]):
+    return f"--config={spec}: the file has no get_config(arg) function; allowed: a config file that defines one"
+  if any(isinstance(e, errors.UserError) for e in chain):  # raised by the config file (parse_arg, set_fields)
+    return f"--config={spec}: {cli.one_line(cli.innermost_message(err))}"
+  if isinstance(err, flags.Error) and "Traceback" not in str(err):  # absl's own: an unknown flag, a bad value
+    return cli.one_line(str(err)) + " (--helpshort lists the flags)"
+  return f"--config={spec}: {cli.one_line(cli.innermost_message(err))}"
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's `flags_parser` (app.run): parses the flags and loads the config file, or prints one line and
+  exits with code 2.
+
+  absl's own parser prints usage and exits 1 on a flags.Error and lets anything else through with a
+  traceback; ml_collections re-raises what a config file raised with the traceback as its message, and
+  reports a `--config.<field>` the config does not have as an AttributeError. Everything raised here is
+  the user's input (a flag, a config file, an `:arg`, a field), so each ends in its innermost message.
+  """
+  spec = _config_spec(argv)
+  # The config file first: ml_collections refuses a `--config.<field>` given before it, but the overrides
+  # apply to the file wherever it is named.
+  argv = [argv[0], f"--config={spec or DEFAULT_CONFIG}", *_without_config(argv[1:])]
+  spec = spec or DEFAULT_CONFIG
+  sys.argv = argv  # (ml_collections finds the overrides in sys.argv, not in the argv absl parses)
+  try:
+    path = spec.split(":", 1)[0]
+    if not os.path.isfile(path):
+      raise errors.ConfigError(f"--config={spec!r}: no such file; allowed: a config file such as "
+                               f"{DEFAULT_CONFIG}[:arg], or a sweep config "
+                               f"configs/paper/{{{','.join(_paper_configs())}}}[:smoke][,seeds=K]")
+    rest = flags.FLAGS(argv)
+    config = _CONFIG.value
+    if config is not None and not isinstance(config, ml_collections.ConfigDict):
+      getattr(config, "method")  # (ml_collections defers a file it could not open to the config's first use)
+    if not isinstance(config, ml_collections.ConfigDict):
+      raise errors.ConfigError(_not_a_config(spec, config))
+    return rest
+  except Exception as err:  # noqa: BLE001 — see the docstring: all of it is bad input
+    message = (cli.one_line(str(err)) if isinstance(err, errors.ConfigError) and str(err).startswith("--config=")
+               else _flags_error_message(err, argv, spec))
+    print(message, file=sys.stderr)
+    sys.exit(cli.EXIT_BAD_INPUT)
+
+
+def _paper_configs() -> list[str]:
+  paper_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "paper")
+  return sorted(f for f in os.listdir(paper_dir) if f.startswith(("table", "fig")) and f.endswith(".py"))
+
+
+# --- modes -------------------------------------------------------------------------------------------
 
 
 def default_workdir(config_path: str) -> str:
@@ -118,15 +249,11 @@ def resumable_workdir(config_path: str, config: ml_collections.ConfigDict) -> st
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, resume: bool) -> int:
-  """The train mode: bad input (config, workdir, data) -> its message and exit code 2, no traceback."""
-  try:
-    if resume and not os.path.exists(os.path.join(workdir, "config.json")):
-      raise config_lib.ConfigError(f"--workdir={workdir!r} holds no run to resume (no config.json); "
-                                   "allowed: the workdir of an earlier run, or no --resume for a new run")
-    simulation = runner.Simulation(config, workdir)
-  except (config_lib.ConfigError, DatasetNotFoundError, checkpoint.IncompatibleCheckpoint) as err:
-    print(err, file=sys.stderr)
-    return 2
+  """The train mode: 0 when the run completed, 1 when it diverged (a stopped run raises, see `main`)."""
+  if resume and not os.path.exists(os.path.join(workdir, "config.json")):
+    raise config_lib.ConfigError(f"--workdir={workdir!r} holds no run to resume (no config.json); "
+                                 "allowed: the workdir of an earlier run, or no --resume for a new run")
+  simulation = runner.Simulation(config, workdir)
   logging.info("workdir: %s", workdir)
   if simulation.resumed_from is not None:
     print(f"resuming {workdir} from its checkpoint at day "
@@ -134,28 +261,20 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool) -> int:
   summary = simulation.run()
   print(runner.summary_line(summary))
   print(f"outputs in {workdir}")
-  return 0 if summary["status"] == "completed" else 1
+  return cli.EXIT_OK if summary["status"] == "completed" else cli.EXIT_FAILED
 
 
 def profile(config: ml_collections.ConfigDict, workdir: str) -> int:
   """The profile mode: the table on stdout, the rows in WORKDIR/profile.json."""
-  try:
-    config_lib.validate(config)
-  except config_lib.ConfigError as err:
-    print(err, file=sys.stderr)
-    return 2
+  config_lib.validate(config)
   os.makedirs(workdir, exist_ok=True)
   trace_dir = os.path.join(workdir, "trace") if _PROFILE_TRACE.value else None
-  try:
-    rows = profiling.profile(config, repeats=_PROFILE_REPEATS.value, trace_dir=trace_dir)
-  except DatasetNotFoundError as err:
-    print(err, file=sys.stderr)
-    return 2
+  rows = profiling.profile(config, repeats=_PROFILE_REPEATS.value, trace_dir=trace_dir)
   print(profiling.format_table(rows))
   io.write_json_atomic(os.path.join(workdir, "profile.json"), rows)
   print(f"profile written to {os.path.join(workdir, 'profile.json')}"
         + (f", trace to {trace_dir}" if trace_dir else ""))
-  return 0
+  return cli.EXIT_OK
 
 
 def sweep_workdir(config_path: str) -> str:
@@ -164,30 +283,19 @@ def sweep_workdir(config_path: str) -> str:
 
 
 def run_sweep(config: ml_collections.ConfigDict, config_path: str, workdir: str | None) -> int:
-  """The sweep mode: bad input -> its message and exit code 2; a failed member -> exit code 1."""
-  paper_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "paper")
-  paper_configs = sorted(f for f in os.listdir(paper_dir) if f.startswith(("table", "fig")) and f.endswith(".py"))
-  if not os.path.exists(config_path.split(":")[0]):
-    print(f"--config={config_path!r}: no such file; allowed: a sweep config, configs/paper/"
-          f"{{{','.join(paper_configs)}}}[:smoke][,seeds=K]", file=sys.stderr)
-    return 2
+  """The sweep mode: 0 when every member is done, 1 when one failed."""
   if not sweep_lib.is_sweep_config(config):
-    print(f"--config={config_path!r} is not a sweep config (it needs name, base, axes, seeds); allowed: a "
-          "sweep config such as configs/paper/table1.py (configs/paper/{table1..table6,fig3..fig6}.py)",
-          file=sys.stderr)
-    return 2
+    raise config_lib.ConfigError(
+        f"--config={config_path!r} is not a sweep config (it needs name, base, axes, seeds); allowed: a "
+        "sweep config such as configs/paper/table1.py (configs/paper/{table1..table6,fig3..fig6}.py)")
   workdir = workdir or sweep_workdir(config_path)
-  try:
-    cache = _COMPILATION_CACHE.value if _COMPILATION_CACHE.value is not None else os.path.join(workdir, "jax_cache")
-    results = sweep_lib.run(config, workdir, _EXECUTOR.value, _RAY_ADDRESS.value, compilation_cache=cache or None)
-  except config_lib.ConfigError as err:
-    print(err, file=sys.stderr)
-    return 2
+  cache = _COMPILATION_CACHE.value if _COMPILATION_CACHE.value is not None else os.path.join(workdir, "jax_cache")
+  results = sweep_lib.run(config, workdir, _EXECUTOR.value, _RAY_ADDRESS.value, compilation_cache=cache or None)
   failed = [name for name, s in results.items() if s.get("sweep_action") == "failed"]
   print(f"sweep {config.name}: {len(results) - len(failed)}/{len(results)} members done in {workdir}"
         + (f"; failed: {', '.join(failed)}" if failed else "")
         + f"\nreport: python launch.py --mode=report --workdir={workdir}")
-  return 1 if failed else 0
+  return cli.EXIT_FAILED if failed else cli.EXIT_OK
 
 
 def run_report(workdir: str | None) -> int:
@@ -195,48 +303,42 @@ def run_report(workdir: str | None) -> int:
   from fedpsa_jax import report  # matplotlib only when a report is drawn
 
   if not workdir:
-    print("--workdir is required for --mode=report; allowed: a sweep directory (with sweep.json) or a run "
-          "directory (with metrics.jsonl)", file=sys.stderr)
-    return 2
+    raise config_lib.ConfigError("--workdir is required for --mode=report; allowed: a sweep directory (with "
+                                 "sweep.json) or a run directory (with metrics.jsonl)")
   try:
     written = report.build(workdir)
-  except report.ReportError as err:
-    print(err, file=sys.stderr)
-    return 2
+  except report.ReportError as err:  # (report.py's own error type: bad input as well)
+    raise errors.UserError(str(err)) from None
   print("\n".join(["report written:", *written]))
-  return 0
+  return cli.EXIT_OK
 
 
-def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = _CONFIG.value
-  config_path = (flags.FLAGS["config"].config_filename if hasattr(flags.FLAGS["config"], "config_filename")
-                 else sys.argv[0])
+def run_mode(config: ml_collections.ConfigDict, config_path: str) -> int:
+  """The mode the flags ask for; bad input raises a UserError (see `main`)."""
   if _MODE.value == "report":
     return run_report(_WORKDIR.value)
   if _MODE.value == "sweep":
     return run_sweep(config, config_path, _WORKDIR.value)
   if sweep_lib.is_sweep_config(config):
-    print(f"--config={config_path!r} is a sweep config; allowed with it: --mode=sweep (then --mode=report)",
-          file=sys.stderr)
-    return 2
-  errors = config_lib.config_errors(config)
-  if errors:
-    print("invalid config:\n  " + "\n  ".join(errors), file=sys.stderr)
-    return 2
+    raise config_lib.ConfigError(f"--config={config_path!r} is a sweep config; allowed with it: --mode=sweep "
+                                 "(then --mode=report)")
+  config_lib.validate(config)
   if _MODE.value == "profile":
     return profile(config, _WORKDIR.value or default_workdir(config_path) + "-profile")
   if _RESUME.value and not _WORKDIR.value:
-    try:
-      workdir = resumable_workdir(config_path, config)
-    except config_lib.ConfigError as err:
-      print(err, file=sys.stderr)
-      return 2
+    workdir = resumable_workdir(config_path, config)
   else:
     workdir = _WORKDIR.value or default_workdir(config_path)
   return train(config, workdir, _RESUME.value)
 
 
+def main(argv: list[str]) -> int:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  config_path = config_flags.get_config_filename(flags.FLAGS["config"])
+  cli.handle_signals()  # SIGINT / SIGTERM: one line, status `interrupted`, exit 130 / 143
+  return cli.exit_code_of(lambda: run_mode(_CONFIG.value, config_path))
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

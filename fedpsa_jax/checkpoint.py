@@ -7,7 +7,9 @@ was taken at) with two items:
   hold the same global parameters; FedPAC's per-client parameters share the extractor leaves);
 - `meta`: JSON holding the snapshot's *skeleton* (its tree structure with every host value: ints,
   floats as exact hex strings, strings, tuples, dicts with int keys, dataclass types, and references
-  to the arrays), a SHA-256 digest, dtype and shape of every array, and the run's config.
+  to the arrays), a SHA-256 digest, dtype and shape of every array, the run's config, and a SHA-256
+  digest of all of that (the host part: loop state, clock and event heap, generator states, output
+  positions, the jobs' host fields), so that a one-digit edit is caught like a flipped bit in an array.
 
 So any snapshot made of dicts, lists, tuples, named tuples, dataclasses (`flax.struct.dataclass`
 states with host fields included), Python/NumPy scalars, NumPy arrays, jax arrays and typed PRNG keys
@@ -15,22 +17,31 @@ round-trips bit for bit without per-type code. A strategy state must be made of 
 pure, so the state is everything a resumed run needs of the strategy).
 
 Atomicity: orbax writes a step into a temporary directory and renames it when complete, so a step
-killed half-way is never listed. On load, a step is also verified (format, every digest, dtype and
-shape); a step that fails is moved to `WORKDIR/checkpoints_corrupt/` with a `CheckpointWarning`, and the
-previous one is tried.
+killed half-way is never listed. On load, a step is also verified (format, the host digest, every array
+digest, dtype and shape); a step that fails is moved to `WORKDIR/checkpoints_corrupt/` with a
+`CheckpointWarning`, and the previous one is tried.
+
+A checkpoint is data, never code: the types its skeleton names (`module:qualname` of dataclasses and
+named tuples) are looked up in an allow-list, never imported: the records (dataclasses, named tuples)
+defined in the module of each registered strategy (its state classes, registered with the strategy), and
+those registered with `register_record`. A checkpoint naming any other type is refused
+(`UnsafeCheckpoint`) before anything of it is built, so a run directory copied from someone else is safe
+to resume. (The digests detect damage, not intent: anyone can recompute them; the allow-list is what
+makes a crafted checkpoint harmless.)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
+import json
 import logging
 import os
 import shutil
+import sys
 import time
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import flax
 import jax
@@ -38,7 +49,11 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-FORMAT = "fedpsa-jax-checkpoint/1"
+from fedpsa_jax.errors import UserError
+
+FORMAT = "fedpsa-jax-checkpoint/2"  # /2: the host part has a digest ("sha256")
+_FORMATS = (FORMAT, "fedpsa-jax-checkpoint/1")  # (checkpoints written before the host digest still restore)
+_META_KEYS = ("skeleton", "arrays", "config")
 
 
 class _QuietOrbax(logging.Filter):
@@ -59,29 +74,86 @@ class CorruptCheckpoint(ValueError):
   """A checkpoint's files are incomplete or do not match their digests."""
 
 
-class IncompatibleCheckpoint(RuntimeError):
+class IncompatibleCheckpoint(UserError, RuntimeError):
   """A checkpoint is intact but this code cannot rebuild its snapshot (e.g. a state class was renamed
   or changed its fields). Not a reason to fall back to older checkpoints (they would fail alike, and
   starting over would discard the run's metrics): the caller must decide."""
 
 
-# --- snapshot <-> (JSON skeleton, arrays) -------------------------------------------------------------
+class UnsafeCheckpoint(IncompatibleCheckpoint):
+  """A checkpoint names a type that is not one of this project's records: refused, nothing of it is
+  built (nor set aside: the run directory is left as it is for the user to inspect)."""
+
+
+# --- the records a checkpoint may name ------------------------------------------------------------------
+
+_RECORDS: dict[str, type] = {}
 
 
 def _type_path(cls: type) -> str:
   return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _import_type(path: str) -> type:
-  module, _, qualname = path.partition(":")
-  obj: Any = importlib.import_module(module)
-  for part in qualname.split("."):
-    obj = getattr(obj, part)
-  return obj
+def _is_record(obj: Any) -> bool:
+  """A dataclass or named-tuple class: built from its fields' values only."""
+  return isinstance(obj, type) and (dataclasses.is_dataclass(obj)
+                                    or (issubclass(obj, tuple) and hasattr(obj, "_fields")))
+
+
+def register_record(cls: type) -> type:
+  """Allows checkpoints to hold instances of `cls` (a dataclass or named tuple); usable as a decorator.
+  A registered strategy's own records need no call: they are allowed with the strategy."""
+  if not _is_record(cls):
+    raise TypeError(f"{cls!r} is not a dataclass or named tuple; a checkpoint holds records only")
+  _RECORDS[_type_path(cls)] = cls
+  return cls
+
+
+def allowed_records() -> dict[str, type]:
+  """{'module:qualname': class} of every type a checkpoint may name: `register_record`'s, and the records
+  defined in the module of each registered strategy (and of the strategies it derives from), which
+  hold its state classes. Nothing is imported here: the strategies are the loaded ones."""
+  from fedpsa_jax import strategies  # (here: the strategies import JAX models; this module sits below them)
+
+  allowed = dict(_RECORDS)
+  for strategy in strategies.registered().values():
+    for cls in strategy.__mro__:
+      module = sys.modules.get(cls.__module__)
+      if module is None or not issubclass(cls, strategies.Strategy) or cls is strategies.Strategy:
+        continue
+      for obj in vars(module).values():
+        if _is_record(obj) and obj.__module__ == module.__name__:
+          allowed[_type_path(obj)] = obj
+  return allowed
+
+
+def _record_type(path: str, allowed: dict[str, type], kind: str) -> type:
+  """The allowed class named `path` (never imported: looked up). Otherwise IncompatibleCheckpoint for a
+  path in this project (a record renamed or removed since the checkpoint was written) and
+  UnsafeCheckpoint for any other."""
+  cls = allowed.get(path)
+  if cls is None and path.startswith("fedpsa_jax."):  # (a record of this project that this code lacks)
+    raise IncompatibleCheckpoint(f"this code has no record {path!r} (renamed or removed since?)")
+  if cls is None:
+    raise UnsafeCheckpoint(
+        f"it names the type {path!r}, which is not a record of this code (allowed: the strategies' state "
+        f"classes and records registered with checkpoint.register_record); refused, nothing of it was "
+        f"built")
+  if (kind == "dataclass") != dataclasses.is_dataclass(cls):  # (a named tuple is the other kind of record)
+    raise UnsafeCheckpoint(f"it names {path!r} as a {kind}, which it is not")
+  return cls
 
 
 def _digest(x: np.ndarray) -> str:
   return hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()
+
+
+def host_digest(meta: dict) -> str:
+  """SHA-256 of a checkpoint's meta record without its own digest, as canonical JSON (sorted keys, no
+  whitespace): the skeleton with every host value, the arrays' digests, the config, the step."""
+  body = {k: v for k, v in meta.items() if k != "sha256"}
+  text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+  return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 class _Encoder:
@@ -171,7 +243,12 @@ def verify(arrays: dict[str, Any], info: dict[str, dict]) -> dict[str, np.ndarra
 
 def decode(skeleton: Any, arrays: dict[str, Any], info: dict[str, dict]) -> Any:
   """The inverse of `encode` (given `encode`'s arrays, or `verify`'s); an array is placed once (on the
-  default device unless it was a host array) and shared by every place that referenced it."""
+  default device unless it was a host array) and shared by every place that referenced it.
+
+  Every type the skeleton names is checked against `allowed_records()` first, so a checkpoint naming a
+  foreign type raises UnsafeCheckpoint before anything is built."""
+  allowed = allowed_records()
+  _check_types(skeleton, allowed)
   done: dict[str, Any] = {}
 
   def array(ref: str) -> Any:
@@ -200,15 +277,25 @@ def decode(skeleton: Any, arrays: dict[str, Any], info: dict[str, dict]) -> Any:
     if kind == "list":
       return [walk(v) for v in node["items"]]
     if kind == "namedtuple":
-      return _import_type(node["type"])(*(walk(v) for v in node["items"]))
+      return _record_type(node["type"], allowed, kind)(*(walk(v) for v in node["items"]))
     if kind == "dataclass":
-      cls = _import_type(node["type"])
-      if not dataclasses.is_dataclass(cls):
-        raise ValueError(f"{node['type']} is not a dataclass")
-      return cls(**{k: walk(v) for k, v in node["fields"].items()})
+      return _record_type(node["type"], allowed, kind)(**{k: walk(v) for k, v in node["fields"].items()})
     raise ValueError(f"unknown node kind {kind!r}")
 
   return walk(skeleton)
+
+
+def _check_types(node: Any, allowed: dict[str, type]) -> None:
+  """Raises UnsafeCheckpoint for the first type the skeleton names outside `allowed` (before any decoding)."""
+  stack = [node]
+  while stack:
+    node = stack.pop()
+    if isinstance(node, list):
+      stack.extend(node)
+    elif isinstance(node, dict):
+      if node.get("kind") in ("namedtuple", "dataclass"):
+        _record_type(str(node.get("type")), allowed, node["kind"])
+      stack.extend(node.values())
 
 
 # --- the store ------------------------------------------------------------------------------------
@@ -245,6 +332,7 @@ class CheckpointStore:
     skeleton, arrays, info = encode(snapshot)
     meta = {"format": FORMAT, "step": step, "skeleton": skeleton, "arrays": info, "config": config,
             "saved_at": time.time()}
+    meta["sha256"] = host_digest(json.loads(json.dumps(meta)))  # (as it will read back)
     self._manager.save(step, force=True, args=ocp.args.Composite(
         arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)))
     self._manager.wait_until_finished()
@@ -252,9 +340,12 @@ class CheckpointStore:
   def _read_verified(self, step: int) -> tuple[dict, dict[str, np.ndarray]]:
     """(meta, verified host arrays) of a step; any failure here means the files are not intact."""
     meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-    if (not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("step") != step
-        or not all(k in meta for k in ("skeleton", "arrays", "config"))):
+    if (not isinstance(meta, dict) or meta.get("format") not in _FORMATS or meta.get("step") != step
+        or not all(k in meta for k in _META_KEYS)):
       raise CorruptCheckpoint(f"metadata is not a complete {FORMAT} record for step {step}")
+    if ("sha256" in meta or meta["format"] == FORMAT) and meta.get("sha256") != host_digest(meta):
+      raise CorruptCheckpoint("its host part (loop state, clock, generators, output positions, jobs, config) "
+                              "does not match its recorded digest")
     info = meta["arrays"]
     # Restore onto this process's default device (not the saved sharding), so that a checkpoint
     # written on one backend can be continued on another.
@@ -266,27 +357,38 @@ class CheckpointStore:
     arrays = self._manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(target))).arrays
     return meta, verify(dict(arrays), info)
 
-  def restore_latest(self) -> Restored | None:
-    """The newest checkpoint that reads back completely; each newer one that does not is moved to
-    `checkpoints_corrupt/` with a warning. None when there is no usable checkpoint.
-    IncompatibleCheckpoint when the newest intact one cannot be rebuilt by this code."""
+  def restore_latest(self, accept: Callable[[Restored], str | None] | None = None) -> Restored | None:
+    """The newest checkpoint that reads back completely (and that `accept` takes: it returns None, or why
+    not); each newer one that does not is moved to `checkpoints_corrupt/` with a warning. None when there
+    is no usable checkpoint. IncompatibleCheckpoint when the newest intact one cannot be rebuilt by this
+    code; UnsafeCheckpoint when it names a type that is not one of this project's records."""
     for step in reversed(self.steps()):
+      path = os.path.join(self.directory, str(step))
       try:
         meta, arrays = self._read_verified(step)
       except Exception as err:  # any failure to read or verify a step means: do not trust it
         moved = self._set_aside(step)
-        warnings.warn(f"checkpoint {os.path.join(self.directory, str(step))} is incomplete or corrupt "
-                      f"({type(err).__name__}: {err}); moved to {moved}, trying the previous one",
-                      CheckpointWarning, stacklevel=2)
+        warnings.warn(f"checkpoint {path} is incomplete or corrupt ({type(err).__name__}: {err}); moved to "
+                      f"{moved}, trying the previous one", CheckpointWarning, stacklevel=2)
         continue
       try:
         snapshot = decode(meta["skeleton"], arrays, meta["arrays"])
+      except UnsafeCheckpoint as err:
+        raise UnsafeCheckpoint(
+            f"checkpoint {path} is refused: {err}. A checkpoint holds data only; resume only run "
+            "directories from a trusted source, or use another --workdir for a new run") from None
       except Exception as err:
         raise IncompatibleCheckpoint(
-            f"checkpoint {os.path.join(self.directory, str(step))} is intact but this code cannot rebuild "
-            f"it ({type(err).__name__}: {err}); run the code version that wrote it, or use another "
-            "--workdir for a new run") from err
-      return Restored(step, snapshot, meta["config"])
+            f"checkpoint {path} is intact but this code cannot rebuild it ({type(err).__name__}: {err}); "
+            "run the code version that wrote it, or use another --workdir for a new run") from err
+      restored = Restored(step, snapshot, meta["config"])
+      reason = accept(restored) if accept is not None else None
+      if reason is not None:
+        moved = self._set_aside(step)
+        warnings.warn(f"checkpoint {path} does not match the run's files ({reason}); moved to {moved}, "
+                      "trying the previous one", CheckpointWarning, stacklevel=2)
+        continue
+      return restored
     return None
 
   def _set_aside(self, step: int) -> str:

@@ -22,9 +22,10 @@ JAX.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import ml_collections
 
@@ -34,6 +35,12 @@ from fedpsa_jax.validation import (Validator, boolean, error, field_errors, inte
                                    sequence_of)
 
 UNITS_PER_DAY = 86_400  # FLGo's virtual day, in atomic time units
+# Virtual times, seeds and response times are int64 on the way through NumPy and JAX (response-time draws,
+# `jax.random.key(seed)`); a value beyond it crashes the build or wraps around (a run that never ends).
+INT64_MAX = 2**63 - 1
+# Day counts (`sim.virtual_days`, `*.every_days`) times 86,400 units must stay below INT64_MAX (~1.07e14
+# days); a round bound in the messages.
+MAX_DAYS = 10**14
 # (kept here for existing imports; the vocabularies live in fedpsa_jax/choices.py)
 LATENCY_DISTRIBUTIONS = choices.LATENCY_DISTRIBUTIONS
 LATENCY_RESAMPLING = choices.LATENCY_RESAMPLING
@@ -175,7 +182,7 @@ def concurrency(config: ml_collections.ConfigDict) -> int:
 # Every shared field with what it allows. Fields that relate to another one are checked in
 # `_cross_field_errors`; the method's own section by its strategy's `validate_config`.
 FIELD_RULES: tuple[tuple[str, Validator], ...] = (
-    ("seed", integer(ge=0)),
+    ("seed", integer(ge=0, le=INT64_MAX, note="it seeds jax.random.key, an int64")),
     ("stop_on_nan", boolean),
     ("data.name", one_of(choices.DATASETS)),
     ("data.test_split", one_of(choices.TEST_SPLITS)),
@@ -196,12 +203,12 @@ FIELD_RULES: tuple[tuple[str, Validator], ...] = (
     ("local.loop", one_of(choices.LOCAL_LOOPS)),
     ("local.execution", one_of(choices.EXECUTIONS)),
     ("local.max_unroll", integer(ge=1)),
-    ("sim.virtual_days", number(gt=0)),
+    ("sim.virtual_days", number(gt=0, le=MAX_DAYS, note="times 86,400 units, it must fit in int64")),
     ("sim.concurrency", number(gt=0, le=1)),
     ("sim.latency.distribution", one_of(choices.LATENCY_DISTRIBUTIONS)),
     ("sim.latency.resample", one_of(choices.LATENCY_RESAMPLING)),
-    ("sim.latency.low", integer(ge=1)),
-    ("sim.latency.high", integer(ge=1)),
+    ("sim.latency.low", integer(ge=1, le=INT64_MAX)),
+    ("sim.latency.high", integer(ge=1, le=INT64_MAX)),
     ("sim.latency.shape", number(gt=0)),
     ("sim.latency.slow_fraction", number(ge=0, le=1, note="0: no slow devices")),
     ("sim.latency.slow_factor", number(ge=1)),
@@ -210,14 +217,14 @@ FIELD_RULES: tuple[tuple[str, Validator], ...] = (
     ("sensitivity.calibration_size", integer(ge=1)),
     ("sensitivity.sketch_dim", integer(ge=1)),
     ("sensitivity.chunk_size", integer(ge=1)),
-    ("eval.every_days", number(gt=0)),
+    ("eval.every_days", number(gt=0, le=MAX_DAYS, note="times 86,400 units, it must fit in int64")),
     ("eval.batch_size", integer(ge=1)),
     ("eval.every_round", boolean),
     ("eval.alignment_batch_size", integer(ge=1)),
     ("eval.target_accuracy", number(ge=0, le=1, note="0: off")),
     ("output.events", boolean),
     ("output.progress", boolean),
-    ("checkpoint.every_days", number(ge=0, note="0: checkpoint only at the end")),
+    ("checkpoint.every_days", number(ge=0, le=MAX_DAYS, note="0: checkpoint only at the end")),
     ("checkpoint.keep", integer(ge=1)),
 )
 
@@ -240,10 +247,97 @@ def _cross_field_errors(c: ml_collections.ConfigDict) -> list[str]:
   low, high = c.sim.latency.low, c.sim.latency.high
   if is_integer(low) and is_integer(high) and high < low:
     errors.append(error("sim.latency.high", high, f"an integer >= sim.latency.low ({low!r})"))
+  errors += _arrival_time_errors(c)
   if c.data.data_dir is not None and not os.path.isdir(c.data.data_dir):
     errors.append(f"data.data_dir={c.data.data_dir!r} is not a directory; allowed: an existing "
                   "directory holding prepared tfds datasets, or None for tfds' default")
   return errors
+
+
+def _arrival_time_errors(c: ml_collections.ConfigDict) -> list[str]:
+  """The latest arrival time (the budget plus the slowest response time) must fit in int64: a response
+  time of `high` units, times `slow_factor` for slow devices, drawn as int64 (beyond it the draw fails, or
+  the product wraps around to a negative time and the run never ends)."""
+  lat, days = c.sim.latency, c.sim.virtual_days
+  if not (is_integer(lat.high) and 1 <= lat.high <= INT64_MAX and number(gt=0, le=MAX_DAYS)(days)):
+    return []  # (each reported by its own row)
+  slow = (lat.slow_factor if number(ge=0, le=1)(lat.slow_fraction) and lat.slow_fraction > 0
+          and number(ge=1)(lat.slow_factor) else 1.0)
+  budget = int(round(days * UNITS_PER_DAY))
+  # Room for the draw's exclusive upper end (high + 1) and the budget, in whole units.
+  limit = int((INT64_MAX - budget - 1) // slow) if slow > 1 else INT64_MAX - budget - 1
+  if lat.high <= limit:
+    return []
+  why = f" x sim.latency.slow_factor ({lat.slow_factor!r})" if slow > 1 else ""
+  return [error("sim.latency.high", lat.high,
+                f"an integer <= {limit} (sim.virtual_days x 86,400 + sim.latency.high{why} must fit in int64)")]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSizes:
+  """What the data-dependent checks need to know of a loaded dataset (`data_errors`)."""
+
+  train: int  # training samples (after the holdout)
+  test: int  # test samples
+  train_per_class: Sequence[int] = ()  # training samples of each label, in label order
+
+
+def data_errors(c: ml_collections.ConfigDict, sizes: DataSizes) -> list[str]:
+  """The problems of a valid config that only the loaded dataset shows (each naming the field, the value
+  and the range this dataset allows): more clients than training samples, a holdout that leaves no
+  training or no test samples, a `label_groups` group with more clients than samples, a real calibration
+  batch larger than the training set. Checked right after the data is loaded, before any other work."""
+  errors = []
+  name, fraction, n = c.data.name, c.data.holdout_fraction, c.partition.num_clients
+  holdout = c.data.test_split == "holdout"
+  where = (f"data.name={name!r} has {sizes.train} training and {sizes.test} test samples"
+           + (f" with data.holdout_fraction={fraction!r}" if holdout else ""))
+  if sizes.train == 0 or sizes.test == 0:
+    empty = "training" if sizes.train == 0 else "test"
+    if holdout:
+      errors.append(error("data.holdout_fraction", fraction, f"a number in (0, 1) that leaves {empty} samples "
+                          f"({where})"))
+    else:
+      errors.append(error("data.name", name, f"a dataset with {empty} samples ({where})"))
+    return errors
+  if n > sizes.train:
+    errors.append(error("partition.num_clients", n, f"an integer in [1, {sizes.train}] (at most one client "
+                        f"per training sample: {where})"))
+  elif c.partition.method == "label_groups" and sizes.train_per_class:
+    errors += _label_group_errors(c, sizes, where)
+  calibration = c.sensitivity.calibration_size
+  if c.sensitivity.calibration == "real" and calibration > sizes.train:
+    errors.append(error("sensitivity.calibration_size", calibration,
+                        f"an integer in [1, {sizes.train}] with sensitivity.calibration='real' (a batch drawn "
+                        f"from the training samples: {where})"))
+  return errors
+
+
+def _label_group_errors(c: ml_collections.ConfigDict, sizes: DataSizes, where: str) -> list[str]:
+  """Each `label_groups` group must have at least as many samples (of its labels) as clients."""
+  from fedpsa_jax.data.partition import split_counts  # (NumPy; only for this partition)
+
+  present = [count for count in sizes.train_per_class if count > 0]
+  props = tuple(c.partition.group_proportions)[:min(c.partition.num_clients, len(present))]
+  clients = split_counts(c.partition.num_clients, props)
+  labels = split_counts(len(present), props)
+  start, errors = 0, []
+  for g, (members, count) in enumerate(zip(clients, labels)):
+    samples = sum(present[start:start + int(count)])
+    start += int(count)
+    if members > samples:
+      errors.append(error("partition.num_clients", c.partition.num_clients,
+                          f"fewer clients: with partition.method='label_groups' group {g} gets {int(members)} "
+                          f"clients but its labels have {samples} training samples ({where})"))
+      break
+  return errors
+
+
+def validate_data(c: ml_collections.ConfigDict, sizes: DataSizes) -> None:
+  """Raises one ConfigError listing `data_errors` (the config itself is valid: `validate` ran)."""
+  errors = data_errors(c, sizes)
+  if errors:
+    raise ConfigError("invalid config for this dataset:\n  " + "\n  ".join(errors))
 
 
 def config_errors(c: ml_collections.ConfigDict) -> list[str]:
@@ -285,7 +379,8 @@ def _leaf_paths(node: Any, prefix: str = "") -> list[str]:
   return out
 
 
-def _unknown_field(c: ml_collections.ConfigDict, path: str) -> ConfigError:
+def unknown_field(c: ml_collections.ConfigDict, path: str) -> ConfigError:
+  """The error for a dotted `path` that names no field of `c`, with the nearest field name as a hint."""
   near = difflib.get_close_matches(path, _leaf_paths(c) + list(OVERRIDE_ALIASES), n=1, cutoff=0.75)
   hint = f"; did you mean {near[0]!r}?" if near else "; allowed: a field of fedpsa_jax.config.base_config()"
   return ConfigError(f"config field {path!r} does not exist{hint}")
@@ -305,10 +400,10 @@ def set_fields(c: ml_collections.ConfigDict, fields: Mapping[str, Any], *,
     *parents, leaf = path.split(".")
     for part in parents:
       if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-        raise _unknown_field(c, path)
+        raise unknown_field(c, path)
       node = node[part]
     if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
-      raise _unknown_field(c, path)
+      raise unknown_field(c, path)
     if not typed:
       with node.unlocked():  # replaced, not assigned: ConfigDict would store True as 1.0 in a float field
         del node[leaf]

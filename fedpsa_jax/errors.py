@@ -1,15 +1,87 @@
-"""User errors: bad input found before any work (a config value, a workdir, a resume that cannot be).
+"""What can go wrong that a user caused or must act on, as exception types (DESIGN §6, docs/runs.md).
 
 This module imports nothing from the project (nor JAX), so that every layer, down to the run-directory
-reader and the sweep and report tools, can raise and catch the same error. `launch.py` turns it into one
-message and exit code 2, without a traceback.
+reader and the sweep and report tools, can raise and catch the same errors. `launch.py` turns each into
+one line on stderr and its exit code (`fedpsa_jax.cli`), without a traceback:
+
+- `UserError` (exit 2): bad input found before any work, or a run directory that cannot be used as it is
+  (a config value, a flag, a config file, the workdir, missing data, a checkpoint this code must not or
+  cannot rebuild, a damaged output file). `ConfigError` is the common case.
+- `OutputWriteError` (exit 3): the run could not write one of its outputs (a full disk, a quota, a
+  read-only file system); its state on disk stays resumable.
+- `Interrupted` (exit 128 + the signal: 130 for SIGINT, 143 for SIGTERM): a signal stopped the run.
 """
 
 from __future__ import annotations
 
+import errno as errno_lib
+import os
+import signal
 
-class ConfigError(ValueError):
+
+class UserError(Exception):
+  """Bad input or a run directory that cannot be used: one message naming what and what is allowed."""
+
+
+class ConfigError(UserError, ValueError):
   """Bad input found before any training: a config value, the workdir, or a resume that cannot be.
 
   A ValueError, so callers that catch ValueError (notebooks, older code) keep working. The message names
   the field or flag, the value, and what is allowed."""
+
+
+class DamagedRunFile(UserError, ValueError):
+  """A run directory's file cannot be read: a line that is not JSON (other than a torn last line, which
+  the readers skip with a warning). The message names the file and the line."""
+
+
+class OutputWriteError(OSError):
+  """Writing one of the run's outputs failed (ENOSPC and the like). An OSError with the original errno,
+  strerror and the path, so callers that catch OSError keep working."""
+
+  def __str__(self) -> str:
+    code = errno_lib.errorcode.get(self.errno, str(self.errno)) if self.errno is not None else "error"
+    return (f"cannot write {self.filename}: {self.strerror or 'write failed'} ({code}); make room and rerun "
+            "the same command (a run resumes from its last checkpoint)")
+
+  @classmethod
+  def of(cls, err: BaseException, path: str | os.PathLike) -> "OutputWriteError":
+    """The error of writing `path` that `err` (an OSError, or a library error wrapping one) describes."""
+    if isinstance(err, OutputWriteError):
+      return err
+    code, strerror = getattr(err, "errno", None), getattr(err, "strerror", None)
+    if code is None and is_disk_full(err):  # (a library's error that only says so in its text)
+      full = errno_lib.EDQUOT if "Disk quota exceeded" in str(err) else errno_lib.ENOSPC
+      code, strerror = full, os.strerror(full)
+    return cls(code, strerror or str(err), os.fspath(path))
+
+
+class Interrupted(KeyboardInterrupt):
+  """A signal (SIGINT, SIGTERM) asked the run to stop.
+
+  A KeyboardInterrupt, so that everything that already stops cleanly on Ctrl-C (and never swallows it
+  as an ordinary Exception) treats SIGTERM alike."""
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
+
+  @property
+  def signal_name(self) -> str:
+    return signal.Signals(self.signum).name
+
+  def __str__(self) -> str:
+    return f"interrupted by {self.signal_name}"
+
+
+def is_disk_full(err: BaseException) -> bool:
+  """Whether `err` (or an error it wraps) says the device or the quota is full."""
+  seen = set()
+  while err is not None and id(err) not in seen:
+    seen.add(id(err))
+    if getattr(err, "errno", None) in (errno_lib.ENOSPC, errno_lib.EDQUOT):
+      return True
+    if "No space left on device" in str(err) or "Disk quota exceeded" in str(err):
+      return True  # (tensorstore, under orbax, reports the OS error as text)
+    err = err.__cause__ or err.__context__
+  return False

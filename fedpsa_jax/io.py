@@ -7,7 +7,9 @@ after the checkpoint, and a line cut off by a kill, are neither duplicated nor l
 `check_workdir` vets a workdir before any work: writable, and not holding another run.
 
 Reading: `read_run` (or `read_config`, `read_summary`, `read_metrics`, `read_events`) is the one reader
-of a run directory; the notebook API, sweeps, reports, figures and resume all read through it.
+of a run directory; the notebook API, sweeps, reports, figures and resume all read through it. A JSON-lines
+file whose last line is torn (a run killed while writing it) is read without that line, with a
+`TornLineWarning`; a bad line anywhere else is a `DamagedRunFile` error naming the file and the line.
 
 JSON has no NaN or infinities: `to_json` writes non-finite floats as the strings "nan", "inf", "-inf"
 and `from_json` turns them back into floats, at any depth (lists of κ, nested dicts). Every file here
@@ -19,17 +21,19 @@ This module imports neither JAX nor the simulator.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
 import math
 import os
+import warnings
 from typing import Any, Iterable
 
 import ml_collections
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax.errors import ConfigError
+from fedpsa_jax.errors import ConfigError, DamagedRunFile, OutputWriteError, is_disk_full
 
 CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, EVENTS_FILE = "config.json", "summary.json", "metrics.jsonl", "events.jsonl"
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -61,13 +65,24 @@ def from_json(value: Any) -> Any:
   return value
 
 
+class TornLineWarning(UserWarning):
+  """A JSON-lines file ends in an incomplete line (a run killed while writing it); it was skipped."""
+
+
 def write_json_atomic(path: str, obj: Any) -> None:
+  """Writes `obj` as JSON to `path` through a temporary file renamed over it: `path` is either the old
+  file or the whole new one, and a failed write (a full disk) leaves no temporary file behind."""
   tmp = f"{path}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(to_json(obj), f, indent=2, sort_keys=True)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w") as f:
+      json.dump(to_json(obj), f, indent=2, sort_keys=True)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -77,11 +92,27 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-  """The records of a JSON-lines file decoded with `from_json`; [] when it does not exist."""
+  """The records of a JSON-lines file decoded with `from_json`; [] when it does not exist.
+
+  A last line that is not JSON is torn (a run killed while writing it, or a copy of a run still going):
+  it is skipped with a TornLineWarning. A bad line before the last raises DamagedRunFile naming the file
+  and the line (that is not what an interrupted write leaves)."""
   if not os.path.exists(path):
     return []
-  with open(path) as f:
-    return [from_json(json.loads(line)) for line in f if line.strip()]
+  with open(path, encoding="utf-8", errors="replace") as f:
+    lines = [(number, line) for number, line in enumerate(f, 1) if line.strip()]
+  records = []
+  for i, (number, line) in enumerate(lines):
+    try:
+      records.append(from_json(json.loads(line)))
+    except ValueError as err:
+      if i == len(lines) - 1:
+        warnings.warn(f"{os.fspath(path)}: its last line (line {number}) is incomplete, as a run stopped while "
+                      "writing it leaves it; read without it", TornLineWarning, stacklevel=2)
+        break
+      raise DamagedRunFile(f"{os.fspath(path)}: line {number} is not valid JSON ({err}); allowed: one JSON "
+                           "object per line (only the last line may be incomplete)") from None
+  return records
 
 
 def config_json(config: ml_collections.ConfigDict) -> dict:
@@ -149,6 +180,8 @@ def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
       f.write("ok")
     os.remove(probe)
   except OSError as err:
+    if is_disk_full(err):  # (not bad input: the same exit code as a disk that fills up during the run)
+      raise OutputWriteError.of(err, path) from None
     raise ConfigError(
         f"--workdir={path!r} is not writable ({err.strerror or err}); allowed: a directory this user can "
         "create and write") from None
@@ -246,7 +279,10 @@ class RunDir:
 
   def close(self) -> None:
     for f in self._files.values():
-      f.close()
+      try:
+        f.close()
+      except OSError:  # (a flush that failed before, e.g. a full disk, fails again: the error was raised then)
+        pass
     self._files.clear()
     if self._lock is not None:
       self._lock.close()  # releases the flock

@@ -67,7 +67,7 @@ def outputs(workdir) -> dict:
 # --- the codec ------------------------------------------------------------------------------------
 
 
-Pair = collections.namedtuple("Pair", "left right")
+Pair = checkpoint.register_record(collections.namedtuple("Pair", "left right"))  # (checkpoints restore records only)
 
 
 def sample_snapshot() -> dict:
@@ -279,6 +279,13 @@ def corrupt_arrays(step_dir):
         open(path, "wb").write(bytes(data))
 
 
+def reseal(meta_path) -> None:
+  """Recomputes the host digest of an edited meta record, as whoever crafts a checkpoint can."""
+  meta = json.loads(open(meta_path).read())
+  meta["sha256"] = checkpoint.host_digest(meta)
+  open(meta_path, "w").write(json.dumps(meta))
+
+
 def corrupt_meta(step_dir):
   path = os.path.join(step_dir, "meta", "metadata")
   open(path, "w").write(open(path).read()[:100])
@@ -328,7 +335,9 @@ def test_intact_checkpoint_this_code_cannot_rebuild_is_an_error_not_a_fallback(f
   meta = ckdir / str(newest) / "meta" / "metadata"
   text = meta.read_text()
   assert "fedpsa_jax.strategies.fedbuff:BufferState" in text
-  meta.write_text(text.replace("fedbuff:BufferState", "fedbuff:RenamedState"))  # as after a refactor
+  # As after a refactor: the checkpoint is intact (its digest matches), the class has another name now.
+  meta.write_text(text.replace("fedbuff:BufferState", "fedbuff:RenamedState"))
+  reseal(meta)
   with pytest.raises(checkpoint.IncompatibleCheckpoint, match="RenamedState.*code version that wrote it"):
     runner.Simulation(c, str(tmp_path / "whole"))
   # Nothing was set aside or cut back: the run waits, intact, for the right code.
@@ -372,3 +381,129 @@ def test_smaller_budget_than_the_checkpoint_is_rejected(finished_run, tmp_path):
   shorter = resumable_config("fedbuff", days=0.01)
   with pytest.raises(ValueError, match=r"sim\.virtual_days=0\.01 .*allowed: a number >= 0\.015"):
     runner.Simulation(shorter, str(tmp_path / "whole"))
+
+
+# --- a checkpoint is data, never code -------------------------------------------------------------------
+
+
+def newest_meta(run_dir):
+  ckdir = os.path.join(run_dir, "checkpoints")
+  steps = sorted(int(n) for n in os.listdir(ckdir) if n.isdigit())
+  return steps, os.path.join(ckdir, str(steps[-1]), "meta", "metadata")
+
+
+def plant(meta_path, node) -> None:
+  """Adds `node` to the top of a checkpoint's snapshot (as someone who edits the metadata can)."""
+  meta = json.loads(open(meta_path).read())
+  meta["skeleton"]["items"].append(["planted", node])
+  open(meta_path, "w").write(json.dumps(meta))
+
+
+@pytest.mark.parametrize("node", [
+    # What the old decoder would have run: os.system("touch MARKER") (a named tuple's type is called with
+    # its items), and an import of a module that writes MARKER when imported.
+    lambda marker: {"kind": "namedtuple", "type": "os:system", "items": [f"touch {marker}"]},
+    lambda marker: {"kind": "dataclass", "type": "planted_module_writes_a_marker:Thing", "fields": {}},
+], ids=["os:system", "a module that runs code on import"])
+def test_a_checkpoint_naming_a_foreign_type_is_refused_and_nothing_runs(node, finished_run, tmp_path, monkeypatch):
+  c, whole = finished_run
+  marker = tmp_path / "MARKER"
+  (tmp_path / "planted_module_writes_a_marker.py").write_text(f"open({str(marker)!r}, 'w').close()\nThing = object\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  steps, meta = newest_meta(tmp_path / "whole")
+  plant(meta, node(marker))
+  reseal(meta)  # a crafted checkpoint passes every digest: the allow-list must stop it
+  with pytest.raises(checkpoint.UnsafeCheckpoint, match=r"refused: it names the type '(os:system|planted_module)"):
+    runner.Simulation(c, str(tmp_path / "whole"))
+  assert not marker.exists() and "planted_module_writes_a_marker" not in sys.modules
+  # Refused, not set aside: the run directory is left for the user to inspect, intact otherwise.
+  assert newest_meta(tmp_path / "whole")[0] == steps and not os.path.exists(tmp_path / "whole" / "checkpoints_corrupt")
+  # Unsealed, the same edit is damage: the checkpoint is set aside and the previous one used.
+  plant(meta, node(marker))
+  with pytest.warns(checkpoint.CheckpointWarning, match="host part .* does not match its recorded digest"):
+    sim = runner.Simulation(c, str(tmp_path / "whole"))
+  assert sim.last_checkpoint == steps[-2]
+  sim.run()
+  assert not marker.exists() and outputs(tmp_path / "whole") == whole
+
+
+@pytest.mark.slow
+def test_launch_refuses_a_crafted_checkpoint_with_exit_2(tmp_path):
+  workdir = tmp_path / "run"
+  assert launch(workdir, "fedbuff", {**os.environ, "JAX_PLATFORMS": "cpu"}) == 0
+  marker = tmp_path / "MARKER"
+  _, meta = newest_meta(workdir)
+  plant(meta, {"kind": "namedtuple", "type": "os:system", "items": [f"touch {marker}"]})
+  reseal(meta)
+  args = [f"--config.{k}={v}" for k, v in LAUNCH_OVERRIDES.items()]
+  proc = subprocess.run([sys.executable, "launch.py", "--config=configs/default.py", *args, "--config.method=fedbuff",
+                         "--config.sim.virtual_days=0.05", f"--workdir={workdir}"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=240)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert "is refused: it names the type 'os:system'" in proc.stderr
+  assert not marker.exists()
+
+
+def test_a_one_digit_edit_of_the_round_counter_is_caught(finished_run, tmp_path):
+  c, whole = finished_run
+  steps, meta_path = newest_meta(tmp_path / "whole")
+  meta = json.loads(open(meta_path).read())
+  loop = dict(meta["skeleton"]["items"])["loop"]
+  for item in loop["items"]:
+    if item[0] == "round":
+      item[1] += 1  # e.g. 13 -> 14: a run that would resume silently with different results
+  open(meta_path, "w").write(json.dumps(meta))
+  with pytest.warns(checkpoint.CheckpointWarning, match="host part .* does not match its recorded digest"):
+    sim = runner.Simulation(c, str(tmp_path / "whole"))
+  assert sim.last_checkpoint == steps[-2] and len(os.listdir(tmp_path / "whole" / "checkpoints_corrupt")) == 1
+  sim.run()
+  assert outputs(tmp_path / "whole") == whole
+
+
+def test_a_checkpoint_without_the_host_digest_still_restores(finished_run, tmp_path):
+  c, whole = finished_run
+  steps, meta_path = newest_meta(tmp_path / "whole")
+  meta = json.loads(open(meta_path).read())
+  meta["format"] = "fedpsa-jax-checkpoint/1"  # as written before the host digest existed
+  del meta["sha256"]
+  open(meta_path, "w").write(json.dumps(meta))
+  sim = runner.Simulation(c, str(tmp_path / "whole"))
+  assert sim.last_checkpoint == steps[-1] and sim.status == "completed"
+  sim.run()
+  assert outputs(tmp_path / "whole") == whole
+
+
+# --- output files that do not match a checkpoint ---------------------------------------------------------
+
+
+def cut_run(tmp_path, until_day: float):
+  """The run of `resumable_config("fedbuff")` as a process killed at `until_day` leaves it."""
+  path = tmp_path / "cut"
+  first = runner.Simulation(resumable_config("fedbuff"), str(path))
+  first.run_until(until_day)
+  first.close()
+  return path
+
+
+@pytest.mark.parametrize("damage", ["cut", "deleted"])
+def test_metrics_shorter_than_the_newest_checkpoint_fall_back_to_one_that_fits(damage, finished_run, tmp_path):
+  c, whole = finished_run
+  path = cut_run(tmp_path, 0.0135)  # checkpoints at 0.005 and 0.01; 6 lines
+  steps = sorted(int(n) for n in os.listdir(path / "checkpoints") if n.isdigit())
+  assert steps == [432, 864]
+  metrics = path / "metrics.jsonl"
+  lines = metrics.read_text().splitlines(keepends=True)
+  if damage == "cut":  # 3 lines: the checkpoint at 864 recorded 5, the one at 432 recorded 3
+    metrics.write_text("".join(lines[:3]))
+    with pytest.warns(checkpoint.CheckpointWarning, match="does not match the run's files .*metrics.jsonl has"):
+      sim = runner.Simulation(c, str(path))
+    assert sim.last_checkpoint == 432 and len(sim.history) == 3
+  else:  # nothing fits: the run starts over, with a warning (never a traceback on every try)
+    metrics.unlink()
+    with pytest.warns(checkpoint.CheckpointWarning, match="the run starts over from the beginning"):
+      sim = runner.Simulation(c, str(path))
+    assert sim.now == 0 and sim.history == []
+  sim.run()
+  assert outputs(path) == whole
+  # The checkpoints that did not fit were set aside, so they can never be mistaken for this run's again.
+  assert len(os.listdir(path / "checkpoints_corrupt")) == (1 if damage == "cut" else 2)

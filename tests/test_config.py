@@ -58,6 +58,14 @@ BAD = [
     ("output.progress", "no"),
     ("checkpoint.every_days", -0.5),
     ("checkpoint.keep", 0),
+    # Beyond int64 (a crash in the build, or a wrap-around to a run that never ends).
+    ("seed", 2**63),
+    ("sim.latency.low", 2**63),
+    ("sim.latency.high", 2**63),
+    ("sim.latency.high", 2**63 - 2),  # the arrival time (budget + response time) overflows
+    ("sim.virtual_days", 1e300),  # x 86,400 units
+    ("eval.every_days", 1e300),
+    ("checkpoint.every_days", 1e300),
 ]
 
 
@@ -115,3 +123,40 @@ def test_launch_rejects_bad_config_without_traceback(tmp_path):
   assert "partition.alpha=-1" in proc.stderr
   assert "Traceback" not in proc.stderr
   assert not os.path.exists(tmp_path / "run")
+
+
+def test_int64_bounds_accept_the_largest_values_that_fit():
+  c = with_value("seed", 2**63 - 1)
+  config_lib.set_fields(c, {"sim.virtual_days": 1e14, "sim.latency.high": 2**63 - 1 - int(1e14) * 86_400 - 1})
+  assert config_lib.config_errors(c) == []
+  config_lib.set_fields(c, {"sim.latency.slow_fraction": 0.5, "sim.latency.slow_factor": 2.0})
+  assert [e.split("=")[0] for e in config_lib.config_errors(c)] == ["sim.latency.high"]  # x 2 overflows
+
+
+SIZES = config_lib.DataSizes(train=4500, test=500, train_per_class=(450,) * 10)
+
+
+@pytest.mark.parametrize("fields,sizes,expected", [
+    ({"partition.num_clients": 4501}, SIZES, "partition.num_clients=4501 is invalid; allowed: an integer in [1, 4500]"),
+    ({"data.holdout_fraction": 0.99}, config_lib.DataSizes(0, 5000), "data.holdout_fraction=0.99 is invalid; "
+     "allowed: a number in (0, 1) that leaves training samples"),
+    ({"data.holdout_fraction": 0.001}, config_lib.DataSizes(5000, 0), "leaves test samples"),
+    ({"sensitivity.calibration": "real", "sensitivity.calibration_size": 4501}, SIZES,
+     "sensitivity.calibration_size=4501 is invalid; allowed: an integer in [1, 4500]"),
+    # label_groups: group 0 holds label 0 only (450 samples) but gets a tenth of 4,600 clients.
+    ({"partition.method": "label_groups", "partition.group_proportions": (0.1, 0.9), "partition.num_clients": 4500,
+      "data.holdout_fraction": 0.05}, config_lib.DataSizes(4600, 400, (450, *(461,) * 9)),
+     "group 0 gets 450 clients but its labels have 450"),
+])
+def test_data_errors_name_the_field_and_the_range_the_data_allows(fields, sizes, expected):
+  c = config_lib.set_fields(config_lib.base_config(), fields)
+  errors = config_lib.data_errors(c, sizes)
+  if "group 0" in expected:  # (450 clients on 450 samples fit; one client more does not)
+    assert errors == []
+    c.partition.num_clients = 4510
+    errors = config_lib.data_errors(c, sizes)
+    expected = "group 0 gets 451 clients but its labels have 450"
+  assert len(errors) == 1 and expected in errors[0], errors
+  with pytest.raises(config_lib.ConfigError, match="invalid config for this dataset"):
+    config_lib.validate_data(c, sizes)
+  assert config_lib.data_errors(config_lib.base_config(), SIZES) == []  # the defaults fit

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from fedpsa_jax import io
+from fedpsa_jax import errors, io
 from fedpsa_jax.errors import ConfigError
 from helpers import small_config
 
@@ -81,3 +81,52 @@ def test_io_sweep_and_report_import_without_jax():
   done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr
   assert done.stdout.strip() == "[]"
+
+
+# --- torn lines -------------------------------------------------------------------------------------------
+
+
+def write_run(tmp_path, metrics_text: str) -> str:
+  """A run directory holding config.json, summary.json and this metrics.jsonl text."""
+  rundir = io.RunDir(str(tmp_path))
+  rundir.write_config(small_config("fedpsa"))
+  rundir.write_summary({"status": "interrupted", "method": "fedpsa"})
+  rundir.close()
+  (tmp_path / "metrics.jsonl").write_text(metrics_text)
+  return str(tmp_path)
+
+
+LINES = ['{"day": 0.0, "test_accuracy": 0.1, "time": 0}\n', '{"day": 0.01, "test_accuracy": 0.2, "time": 864}\n']
+
+
+def test_readers_skip_a_torn_last_line_with_a_warning(tmp_path):
+  run_dir = write_run(tmp_path, "".join(LINES) + '{"day": 0.02, "test_acc')  # a run stopped mid-write
+  with pytest.warns(io.TornLineWarning, match=r"metrics.jsonl: its last line \(line 3\) is incomplete"):
+    assert [r["day"] for r in io.read_metrics(run_dir)] == [0.0, 0.01]
+  (tmp_path / "events.jsonl").write_text('{"type": "update"}\n{"type": "upd\n')  # (torn, then a newline)
+  with pytest.warns(io.TornLineWarning, match="events.jsonl"):
+    assert io.read_events(run_dir) == [{"type": "update"}]
+  from fedpsa_jax import api  # the notebook API reads through io
+  with pytest.warns(io.TornLineWarning):
+    assert list(api.load_run(run_dir).history["day"]) == [0.0, 0.01]
+
+
+def test_a_bad_line_before_the_last_is_an_error_naming_file_and_line(tmp_path):
+  run_dir = write_run(tmp_path, LINES[0] + "not json\n" + LINES[1])
+  with pytest.raises(errors.DamagedRunFile, match=r"metrics.jsonl: line 2 is not valid JSON"):
+    io.read_metrics(run_dir)
+  assert issubclass(errors.DamagedRunFile, errors.UserError) and issubclass(errors.DamagedRunFile, ValueError)
+
+
+@pytest.mark.slow
+def test_report_mode_reads_a_run_with_a_torn_last_line(tmp_path):
+  run_dir = write_run(tmp_path, "".join(LINES) + '{"day": 0.02, "te')
+  done = subprocess.run([sys.executable, "launch.py", f"--workdir={run_dir}", "--mode=report"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=240)
+  assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+  assert "TornLineWarning" in done.stderr and "report written" in done.stdout
+  (tmp_path / "metrics.jsonl").write_text(LINES[0] + "{bad\n" + LINES[1])
+  done = subprocess.run([sys.executable, "launch.py", f"--workdir={run_dir}", "--mode=report"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=240)
+  assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+  assert "metrics.jsonl: line 2 is not valid JSON" in done.stderr

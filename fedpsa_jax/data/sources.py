@@ -36,6 +36,7 @@ import tempfile
 import numpy as np
 
 from fedpsa_jax.choices import DATASETS, TEST_SPLITS  # data.name, data.test_split
+from fedpsa_jax.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +64,9 @@ class Dataset:
     return tuple(int(d) for d in self.x_train.shape[1:])
 
 
-class DatasetNotFoundError(ValueError):
-  """A tfds dataset is not prepared (in a randomly accessible format) where tfds looked."""
+class DatasetNotFoundError(UserError, ValueError):
+  """A tfds dataset is not prepared (in a randomly accessible format) where tfds looked (bad input: the
+  command line's exit code 2)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,10 +32,15 @@ Params = Any
 
 
 def build_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedData]:
-  """The dataset and its federation: load, partition among the clients, optional local test splits."""
+  """The dataset and its federation: load, check the config against the data's sizes
+  (`config.validate_data`: ConfigError), partition among the clients, optional local test splits."""
   dataset = load_dataset(config.data.name, test_split=config.data.test_split,
                          holdout_fraction=config.data.holdout_fraction,
                          rng=seeding.host_rng(config.seed, "data"), data_dir=config.data.data_dir)
+  # What only the data can tell (more clients than samples, ...): bad input, found before any other work.
+  config_lib.validate_data(config, config_lib.DataSizes(
+      train=len(dataset.y_train), test=len(dataset.y_test),
+      train_per_class=tuple(int(n) for n in np.bincount(dataset.y_train, minlength=dataset.num_classes))))
   parts = partition_labels(dataset.y_train, config.partition.num_clients, config.partition.method,
                            config.partition.alpha, seeding.host_rng(config.seed, "partition"),
                            group_proportions=tuple(config.partition.group_proportions),

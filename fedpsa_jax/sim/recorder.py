@@ -6,18 +6,28 @@ nothing and only shows progress, so a notebook run costs no disk.
 
 Output positions: a checkpoint records how many metrics lines and how many bytes of metrics.jsonl and
 events.jsonl existed when it was taken; resuming cuts the files back to them, so lines written after the
-checkpoint (and a line cut off by a kill) are neither duplicated nor left behind.
+checkpoint (and a line cut off by a kill) are neither duplicated nor left behind. A checkpoint whose
+positions the files no longer reach (metrics.jsonl cut or deleted) is set aside and the newest one that
+fits is used; with none, the run starts over, with a warning.
+
+Failures: an OSError while writing an output (a full disk) becomes `errors.OutputWriteError` naming the
+file; a checkpoint write is never cut by SIGINT/SIGTERM (`cli.deferred_signals`: the signal is delivered
+once the checkpoint is complete).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import contextlib
+import json
+import os
+import warnings
+from typing import Any, Iterable, Iterator
 
 import ml_collections
 import tqdm.auto as tqdm
 
 from fedpsa_jax import checkpoint as checkpoint_lib
-from fedpsa_jax import io
+from fedpsa_jax import cli, errors, io
 
 
 class Recorder:
@@ -36,34 +46,80 @@ class Recorder:
   def writes(self) -> bool:
     return self.rundir is not None
 
+  @contextlib.contextmanager
+  def _writing(self, name: str) -> Iterator[None]:
+    """Turns an OSError while writing output `name` into an OutputWriteError naming its path."""
+    try:
+      yield
+    except errors.OutputWriteError:
+      raise
+    except OSError as err:
+      raise errors.OutputWriteError.of(err, self.rundir.file(name) if self.rundir else name) from err
+
   def open(self) -> checkpoint_lib.Restored | None:
-    """Claims the workdir (a lock held until `close`) and returns its newest usable checkpoint, if any.
-    Without one, whatever an earlier attempt wrote is cleared for a fresh start."""
+    """Claims the workdir (a lock held until `close`) and returns its newest usable checkpoint, if any: one
+    that reads back intact and whose output positions the files still reach. Without one, whatever an
+    earlier attempt wrote is cleared for a fresh start."""
     if not self.workdir:
       return None
     self.rundir = io.RunDir(self.workdir)
     self.rundir.lock()  # before anything in the workdir is read, cut back or written
     self.checkpoints = checkpoint_lib.CheckpointStore(self.rundir.file("checkpoints"), self.config.checkpoint.keep)
-    restored = self.checkpoints.restore_latest()
+    mismatched: list[str] = []
+
+    def fits(restored: checkpoint_lib.Restored) -> str | None:
+      reason = self._positions_mismatch(_positions(restored.snapshot))
+      if reason is not None:
+        mismatched.append(reason)
+      return reason
+
+    restored = self.checkpoints.restore_latest(accept=fits)
     if restored is None:
-      self.rundir.truncate(io.METRICS_FILE, 0)
-      self.rundir.truncate(io.EVENTS_FILE, 0)
+      if mismatched:
+        warnings.warn(f"no checkpoint in {self.checkpoints.directory} matches the run's files ({mismatched[-1]}); "
+                      "the run starts over from the beginning", checkpoint_lib.CheckpointWarning, stacklevel=2)
+      with self._writing(io.METRICS_FILE):
+        self.rundir.truncate(io.METRICS_FILE, 0)
+        self.rundir.truncate(io.EVENTS_FILE, 0)
     return restored
+
+  def _positions_mismatch(self, positions: dict[str, int]) -> str | None:
+    """Why the output files cannot be cut back to a checkpoint's positions (None when they can): a file
+    shorter than recorded, or a metrics.jsonl whose recorded part does not hold the recorded lines."""
+    for name, key in ((io.METRICS_FILE, "metrics_bytes"), (io.EVENTS_FILE, "events_bytes")):
+      have = self.rundir.size(name)
+      if have < positions[key]:
+        return f"{name} has {have} bytes, the checkpoint recorded {positions[key]}"
+    with open(self.rundir.file(io.METRICS_FILE), "rb") if positions["metrics_bytes"] else contextlib.nullcontext() as f:
+      head = f.read(positions["metrics_bytes"]) if f else b""
+    lines = head.split(b"\n")
+    if lines[-1] != b"" or len(lines) - 1 != positions["metrics_lines"]:
+      return (f"the first {positions['metrics_bytes']} bytes of {io.METRICS_FILE} are not the "
+              f"{positions['metrics_lines']} whole lines the checkpoint recorded")
+    try:
+      for line in lines[:-1]:
+        json.loads(line)
+    except ValueError:
+      return f"{io.METRICS_FILE} has a damaged line before the checkpoint's position"
+    return None
 
   def write_config(self) -> None:
     if self.rundir:
-      self.rundir.write_config(self.config)
+      with self._writing(io.CONFIG_FILE):
+        self.rundir.write_config(self.config)
 
   def metrics(self, record: dict[str, Any]) -> None:
     """Appends one evaluation's record to metrics.jsonl and moves the progress bar to its day."""
     if self.rundir:
-      self.rundir.append(io.METRICS_FILE, [record])
+      with self._writing(io.METRICS_FILE):
+        self.rundir.append(io.METRICS_FILE, [record])
     self.progress.set_postfix(acc=f"{record['test_accuracy']:.4f}", round=record["round"], refresh=False)
     self.progress.update(round(record["day"] - self.progress.n, 6))
 
   def events(self, lines: Iterable[dict[str, Any]]) -> None:
     if self.rundir:
-      self.rundir.append(io.EVENTS_FILE, lines)
+      with self._writing(io.EVENTS_FILE):
+        self.rundir.append(io.EVENTS_FILE, lines)
 
   @property
   def wants_events(self) -> bool:
@@ -72,16 +128,18 @@ class Recorder:
   def positions(self, metrics_lines: int) -> dict[str, int]:
     """The output positions a checkpoint records (the files synced first: they must be on disk before the
     checkpoint exists)."""
-    self.rundir.sync()
+    with self._writing(io.METRICS_FILE):
+      self.rundir.sync()
     return {"metrics_lines": metrics_lines, "metrics_bytes": self.rundir.size(io.METRICS_FILE),
             "events_bytes": self.rundir.size(io.EVENTS_FILE)}
 
   def rewind(self, positions: dict[str, int]) -> list[dict]:
     """Cuts the outputs back to a checkpoint's positions and returns the metrics history read back."""
-    self.rundir.truncate(io.METRICS_FILE, positions["metrics_bytes"])
-    self.rundir.truncate(io.EVENTS_FILE, positions["events_bytes"])
+    with self._writing(io.METRICS_FILE):
+      self.rundir.truncate(io.METRICS_FILE, positions["metrics_bytes"])
+      self.rundir.truncate(io.EVENTS_FILE, positions["events_bytes"])
     history = io.read_metrics(self.rundir.path)
-    if len(history) != positions["metrics_lines"]:
+    if len(history) != positions["metrics_lines"]:  # (`open` chose a checkpoint that fits: a safeguard)
       raise RuntimeError(f"{self.rundir.file(io.METRICS_FILE)} holds {len(history)} lines where the "
                          f"checkpoint recorded {positions['metrics_lines']}; it cannot continue exactly")
     if history:
@@ -89,11 +147,26 @@ class Recorder:
     return history
 
   def save_checkpoint(self, step: int, snapshot: dict[str, Any]) -> None:
-    self.checkpoints.save(step, snapshot, io.config_json(self.config))
+    """Writes checkpoint `step`. A SIGINT/SIGTERM meanwhile is held back until it is complete (then
+    delivered: the run stops with this checkpoint as its newest); a full disk is an OutputWriteError."""
+    with cli.deferred_signals():
+      try:
+        self.checkpoints.save(step, snapshot, io.config_json(self.config))
+      except Exception as err:
+        if isinstance(err, OSError) or errors.is_disk_full(err):  # (orbax may wrap the OS error)
+          raise errors.OutputWriteError.of(err, os.path.join(self.checkpoints.directory, str(step))) from err
+        raise
 
   def write_summary(self, summary: dict[str, Any]) -> None:
     if self.rundir:
-      self.rundir.write_summary(summary)
+      with self._writing(io.SUMMARY_FILE):
+        self.rundir.write_summary(summary)
+
+  def discard_summary(self) -> None:
+    """Removes summary.json (when a new one cannot be written, an old one must not speak for this run)."""
+    if self.rundir:
+      with contextlib.suppress(OSError):
+        os.remove(self.rundir.file(io.SUMMARY_FILE))
 
   def close_progress(self) -> None:
     self.progress.close()
@@ -105,3 +178,8 @@ class Recorder:
       self.rundir.close()
     if self.checkpoints:
       self.checkpoints.close()
+
+
+def _positions(snapshot: dict[str, Any]) -> dict[str, int]:
+  """A checkpoint's output positions (checkpoints written before "outputs" existed kept them in "loop")."""
+  return snapshot.get("outputs", snapshot["loop"])

@@ -37,7 +37,7 @@ import numpy as np
 
 from fedpsa_jax import checkpoint as checkpoint_lib
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import io, metrics, strategies
+from fedpsa_jax import cli, errors, io, metrics, strategies
 from fedpsa_jax.compiles import CompileCounter
 from fedpsa_jax.sim.build import build_data, build_run
 from fedpsa_jax.sim.executor import Job
@@ -67,8 +67,8 @@ class Simulation:
     self.compiles = CompileCounter().open()  # every XLA compile of this run (warm-up included)
     created = io.check_workdir(workdir, config) if workdir else False
     try:
-      data = build_data(config)
-    except Exception:
+      data = build_data(config)  # (and `config.validate_data`: values only the data rules out)
+    except BaseException:  # (a Ctrl-C while the data loads, too)
       self.compiles.close()
       if created and not os.listdir(workdir):
         os.rmdir(workdir)  # bad input (e.g. missing data) leaves no empty run directory behind
@@ -255,15 +255,35 @@ class Simulation:
     return summary
 
   def run(self) -> dict:
-    """The whole run; on an exception the summary is written with status 'failed', then it re-raises."""
+    """The whole run. When it stops early, summary.json still says how, then the exception propagates:
+    status 'interrupted' after SIGINT/SIGTERM (KeyboardInterrupt, `errors.Interrupted`), 'failed' with its
+    `error` otherwise. The last checkpoint stays the newest, so rerunning resumes from it."""
     try:
       return self.finish()
-    except BaseException:
-      self.loop.status = "failed"
-      self.recorder.close_progress()
-      self.recorder.write_summary(self.summary())
-      self.close()
+    except BaseException as err:
+      # A second Ctrl-C while stopping is dropped: this is already stopping, and a half-written summary
+      # (or a traceback from inside this cleanup) would help no one.
+      with cli.deferred_signals(deliver=False):
+        self._stopped(err)
       raise
+
+  def _stopped(self, err: BaseException) -> None:
+    """Records why the run stopped early in summary.json (removed if it cannot be written: an old one must
+    not speak for this run) and closes the outputs."""
+    interrupted = isinstance(err, KeyboardInterrupt)
+    self.loop.status = "interrupted" if interrupted else "failed"
+    self.recorder.close_progress()
+    try:
+      summary = self.summary()
+      if interrupted:
+        summary["interrupted_by"] = err.signal_name if isinstance(err, errors.Interrupted) else "SIGINT"
+      else:
+        summary["error"] = f"{type(err).__name__}: {err}"
+      self.recorder.write_summary(summary)
+    except errors.OutputWriteError:  # (the disk that stopped the run is full still)
+      self.recorder.discard_summary()
+    finally:
+      self.close()
 
   def close(self) -> None:
     """Closes the outputs and the checkpoint store (the run can be resumed from its workdir later)."""

@@ -1,0 +1,175 @@
+"""What the command line promises its user: one line per failure, a distinct exit code, clean signals.
+
+`launch.py` runs every mode inside `exit_code_of` (one `except` path, not one per mode) and parses its flags
+with `parse_flags`; a notebook gets the same exception types (`fedpsa_jax.errors`) instead.
+
+Exit codes (docs/runs.md, README):
+
+| code | meaning |
+|---|---|
+| 0 | done (a run completed, a sweep finished every member, a report was written) |
+| 1 | a run diverged or failed, or a sweep member failed |
+| 2 | bad input, nothing done: a flag, a config file or value, the workdir, missing data, a checkpoint that must not or cannot be restored, a damaged output file |
+| 3 | an output could not be written (a full disk, a quota): the run stopped with its last checkpoint intact |
+| 130 | SIGINT (Ctrl-C): the run stopped, status `interrupted`, resumable |
+| 143 | SIGTERM (what batch schedulers send): likewise |
+
+Signals: `handle_signals()` makes SIGINT and SIGTERM raise `errors.Interrupted` in the main thread, so the
+run unwinds (summary written with status `interrupted`, files closed, the workdir lock released).
+`deferred_signals()` holds a signal back while something that must not be cut (a checkpoint write)
+finishes, then delivers it: a signal is never lost, and never lands half-way through a checkpoint.
+
+Standard library only (the recorder uses `deferred_signals`; launch.py imports this before JAX).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import Any, Callable, Iterator
+
+from fedpsa_jax import errors
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # a run that diverged or failed; a failed sweep member
+EXIT_BAD_INPUT = 2
+EXIT_CANNOT_WRITE = 3
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch.py")
+
+
+def exit_code_for_signal(signum: int) -> int:
+  """128 + the signal number, the shells' convention (130 for SIGINT, 143 for SIGTERM)."""
+  return 128 + int(signum)
+
+
+# --- messages ----------------------------------------------------------------------------------------
+
+
+def exception_chain(err: BaseException) -> list[BaseException]:
+  """`err` and the exceptions it was raised from or while handling, outermost first."""
+  out, seen = [], set()
+  while err is not None and id(err) not in seen:
+    seen.add(id(err))
+    out.append(err)
+    err = err.__cause__ or err.__context__
+  return out
+
+
+def innermost_message(err: BaseException) -> str:
+  """The message a user needs from an error raised through library layers (absl's flag parser and
+  ml_collections' config loader re-raise what a config file raised, adding a traceback as text): the
+  innermost `UserError`'s message if there is one, else the innermost error as 'Type: message', with
+  the file and line where it was raised when that is not the project's or a library's code (a config
+  file's own bug)."""
+  chain = exception_chain(err)
+  for inner in reversed(chain):
+    if isinstance(inner, errors.UserError):
+      return _one_message(inner)
+  inner = chain[-1]
+  text = _one_message(inner)
+  where = _user_frame(inner)
+  text = f"{type(inner).__name__}: {text}" if text else type(inner).__name__
+  return f"{text} ({where})" if where else text
+
+
+def _one_message(err: BaseException) -> str:
+  if isinstance(err, SyntaxError) and err.filename:
+    return f"{err.msg} ({err.filename}, line {err.lineno})"
+  if isinstance(err, KeyError) and len(err.args) == 1 and isinstance(err.args[0], str):
+    return err.args[0]  # (str(KeyError) wraps the message in quotes)
+  return str(err).strip()
+
+
+def _user_frame(err: BaseException) -> str:
+  """'file, line N' of the innermost frame of `err` in the user's code (a config file): not a library's,
+  this package's or launch.py's."""
+  if isinstance(err, SyntaxError):
+    return ""  # (its message has the place)
+  frames = traceback.extract_tb(err.__traceback__) if err.__traceback__ is not None else []
+  for frame in reversed(frames):
+    path = os.path.abspath(frame.filename)
+    if not ("site-packages" in path or path.startswith(_PACKAGE_DIR) or path == _LAUNCH
+            or frame.filename.startswith("<") or path.startswith(sys.prefix)):
+      return f"{frame.filename}, line {frame.lineno}"
+  return ""
+
+
+def one_line(text: str) -> str:
+  """`text` with its lines joined (a message that lists several problems keeps them, separated by '; ')."""
+  lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+  if len(lines) > 1 and lines[0].endswith(":"):
+    return lines[0] + " " + "; ".join(lines[1:])
+  return "; ".join(lines)
+
+
+def exit_code_of(run: Callable[[], int], *, stderr: Any = None) -> int:
+  """Runs `run()` and turns what it raises into one line on stderr and an exit code (see the table
+  above); anything else (a bug) propagates with its traceback."""
+  stderr = stderr or sys.stderr
+  try:
+    return run()
+  except errors.UserError as err:
+    print(err, file=stderr)  # (validation's multi-line list of bad fields stays as written)
+    return EXIT_BAD_INPUT
+  except errors.Interrupted as err:
+    print(f"{err}: stopped (status 'interrupted'); rerun the same command to resume from the last checkpoint",
+          file=stderr)
+    return exit_code_for_signal(err.signum)
+  except KeyboardInterrupt:  # (a SIGINT that arrived before the handlers were installed)
+    print("interrupted by SIGINT: stopped; rerun the same command to resume from the last checkpoint", file=stderr)
+    return exit_code_for_signal(signal.SIGINT)
+  except errors.OutputWriteError as err:
+    print(err, file=stderr)
+    return EXIT_CANNOT_WRITE
+
+
+# --- signals -----------------------------------------------------------------------------------------
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+  del frame
+  raise errors.Interrupted(signum)
+
+
+def handle_signals() -> None:
+  """SIGINT and SIGTERM raise `errors.Interrupted` in the main thread from now on (main thread only)."""
+  for signum in SIGNALS:
+    signal.signal(signum, _raise_interrupted)
+
+
+@contextlib.contextmanager
+def deferred_signals(deliver: bool = True) -> Iterator[None]:
+  """Holds SIGINT and SIGTERM back inside the block and delivers the first one after it, through the
+  handler that was in place (ours raises `Interrupted`; Python's default SIGINT handler raises
+  KeyboardInterrupt; a default SIGTERM ends the process); `deliver=False` drops them instead (for the
+  cleanup of a run that is already stopping). Outside the main thread (where signals are never
+  delivered) the block simply runs."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  received: list[int] = []
+  previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+  for signum in SIGNALS:
+    signal.signal(signum, lambda signum, frame: received.append(signum))
+  try:
+    yield
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+    if received and deliver:
+      _deliver(received[0], previous[received[0]])
+
+
+def _deliver(signum: int, handler: Any) -> None:
+  """Delivers a held-back signal as its handler would have."""
+  if callable(handler):
+    handler(signum, None)
+  elif handler == signal.SIG_DFL:
+    signal.raise_signal(signum)  # the default action (SIGTERM: the process ends; SIGINT: KeyboardInterrupt)
+  # SIG_IGN (or None: a handler not set from Python): nothing to do

