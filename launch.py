@@ -34,6 +34,12 @@ import os
 import sys
 
 
+def max_host_devices() -> int:
+  """The most `--host_devices` allowed: 4 per core. Each host device is a client trainer; beyond the cores
+  they only wait for one, and XLA builds every one of them (a thread pool and its buffers) at start."""
+  return 4 * (os.cpu_count() or 1)
+
+
 def _force_host_devices(argv: list[str], default: int = 3) -> int:
   """Sets XLA_FLAGS for `--host_devices=D` (before JAX starts: XLA reads the flag once per process).
 
@@ -48,7 +54,8 @@ def _force_host_devices(argv: list[str], default: int = 3) -> int:
   for arg in argv:
     if arg.startswith("--host_devices="):
       value = arg.split("=", 1)[1]
-      count = int(value) if value.isdigit() and int(value) >= 1 else count  # (bad values: absl's error below)
+      # (bad values, too many included: the flag's own error below, before JAX starts)
+      count = int(value) if value.isdigit() and 1 <= int(value) <= max_host_devices() else count
   xla_flags = os.environ.get("XLA_FLAGS", "")
   if count > 1 and "xla_force_host_platform_device_count" not in xla_flags:
     os.environ["XLA_FLAGS"] = f"{xla_flags} --xla_force_host_platform_device_count={count}".strip()
@@ -87,6 +94,11 @@ _RAY_ADDRESS = flags.DEFINE_string("ray_address", None, "sweep --executor=ray: t
 flags.DEFINE_integer("host_devices", 3, "CPU only: host devices XLA creates (set before JAX starts). With 3 or "
                      "more, one serves and the others train one client each at a time (cores + 1 is a good "
                      "choice); 2: both train, the first also serves; 1: a single device.", lower_bound=1)
+flags.register_validator(
+    "host_devices", lambda count: count <= max_host_devices(),
+    message=f"more host devices than this machine can use; allowed: at most {max_host_devices()} (4 x this "
+    f"machine's {os.cpu_count() or 1} cores: each host device trains one client at a time, so devices beyond the "
+    "cores only wait, and XLA builds each of them at start)")
 _PROFILE_TRACE = flags.DEFINE_bool("profile_trace", False, "profile: also write a jax.profiler trace.")
 _PROFILE_REPEATS = flags.DEFINE_integer("profile_repeats", 5, "profile: timed calls per piece (median).")
 _RESUME = flags.DEFINE_bool(
@@ -154,6 +166,39 @@ def _unknown_override(argv: list[str], spec: str) -> str | None:
   return None
 
 
+def _fresh_config(spec: str) -> ml_collections.ConfigDict | None:
+  """The config file's config as written, without the overrides (None when it cannot be loaded)."""
+  try:
+    config = flags.FLAGS["config"].parser.parse(spec)
+  except Exception:  # (the file itself fails: its own message is the better one)
+    return None
+  return config if isinstance(config, ml_collections.ConfigDict) else None
+
+
+def _allowed_type(field: str, spec: str) -> str:
+  """'; allowed: a value of type float, like its default 10.0' for a field of the config file (as
+  `config.set_fields` says for the notebook API), or '' when the file cannot tell."""
+  config = _fresh_config(spec)
+  default = get_field(config, field) if config is not None else MISSING
+  if default is MISSING or default is None:
+    return ""
+  return f"; allowed: a value of type {type(default).__name__}, like its default {default!r}"
+
+
+def _bool_for_a_number(argv: list[str], spec: str, config: ml_collections.ConfigDict) -> str | None:
+  """The message for the first `--config.<field>=True` (or False) whose field is a number, if any.
+
+  A boolean is not a number (`virtual_days=True` must not run one day). ml_collections' flag parser refuses
+  the word for an int or float field today, but a ConfigDict stores True as 1.0 in a float field, so this is
+  checked on the raw arguments after parsing as well: no version of the parser can let one through."""
+  for field, arg in _overrides(argv):
+    raw = arg.split("=", 1)[1].strip() if "=" in arg else ""
+    value = get_field(config, field)
+    if raw.lower() in ("true", "false") and isinstance(value, (int, float)) and not isinstance(value, bool):
+      return f"{arg}: config field {field}={raw} is invalid (a boolean for a number){_allowed_type(field, spec)}"
+  return None
+
+
 def _not_a_config(spec: str, config: object) -> str:
   return (f"--config={spec}: get_config() returned {type(config).__name__}; allowed: a config file whose "
           "get_config(arg) returns a ConfigDict")
@@ -171,6 +216,10 @@ def _flags_error_message(err: BaseException, argv: list[str], spec: str) -> str:
   if any(isinstance(e, errors.UserError) for e in chain):  # raised by the config file (parse_arg, set_fields)
     return f"--config={spec}: {cli.one_line(cli.innermost_message(err))}"
   if isinstance(err, flags.Error) and "Traceback" not in str(err):  # absl's own: an unknown flag, a bad value
+    for field, arg in _overrides(argv):  # a `--config.<field>=value` its parser refused: say what the field takes
+      if str(err).startswith(f"flag {arg}: "):
+        reason = cli.one_line(str(err)[len(f"flag {arg}: "):])
+        return f"{arg}: config field {field} is invalid ({reason}){_allowed_type(field, spec)}"
     return cli.one_line(str(err)) + " (--helpshort lists the flags)"
   return f"--config={spec}: {cli.one_line(cli.innermost_message(err))}"
 
@@ -202,10 +251,13 @@ def parse_flags(argv: list[str]) -> list[str]:
       getattr(config, "method")  # (ml_collections defers a file it could not open to the config's first use)
     if not isinstance(config, ml_collections.ConfigDict):
       raise errors.ConfigError(_not_a_config(spec, config))
+    wrong_type = _bool_for_a_number(argv, spec, config)
+    if wrong_type:
+      raise errors.ConfigError(wrong_type)
     return rest
   except Exception as err:  # noqa: BLE001 — see the docstring: all of it is bad input
-    message = (cli.one_line(str(err)) if isinstance(err, errors.ConfigError) and str(err).startswith("--config=")
-               else _flags_error_message(err, argv, spec))
+    own = isinstance(err, errors.ConfigError) and str(err).startswith(("--config=", "--config."))
+    message = cli.one_line(str(err)) if own else _flags_error_message(err, argv, spec)
     print(message, file=sys.stderr)
     sys.exit(cli.EXIT_BAD_INPUT)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import math
 import os
 from typing import Any, Mapping, Sequence
 
@@ -41,6 +42,14 @@ INT64_MAX = 2**63 - 1
 # Day counts (`sim.virtual_days`, `*.every_days`) times 86,400 units must stay below INT64_MAX (~1.07e14
 # days); a round bound in the messages.
 MAX_DAYS = 10**14
+# Memory bounds of FedPSA's sensitivity pieces, known before any work (an out-of-memory error would come
+# only once the strategy is built or the first client returns). The calibration batch D_b is held whole and
+# every client's sensitivity is computed on all of it (Table 5 tries 16-512); the projection R is a
+# sketch_dim x d float32 matrix (d: the model's parameters), bounded by MAX_SKETCH_DIM alone and, once the
+# model is known (`model_errors`), by MAX_PROJECTION_BYTES.
+MAX_CALIBRATION_SIZE = 65_536
+MAX_SKETCH_DIM = 4096
+MAX_PROJECTION_BYTES = 2**30  # 1 GiB: k = 161 rows of the MNIST CNN's 1.66M parameters, 16 by default
 # (kept here for existing imports; the vocabularies live in fedpsa_jax/choices.py)
 LATENCY_DISTRIBUTIONS = choices.LATENCY_DISTRIBUTIONS
 LATENCY_RESAMPLING = choices.LATENCY_RESAMPLING
@@ -214,8 +223,10 @@ FIELD_RULES: tuple[tuple[str, Validator], ...] = (
     ("sim.latency.slow_factor", number(ge=1)),
     ("sensitivity.calibration", one_of(choices.CALIBRATION_KINDS)),
     ("sensitivity.fisher", one_of(choices.FISHER_METHODS)),
-    ("sensitivity.calibration_size", integer(ge=1)),
-    ("sensitivity.sketch_dim", integer(ge=1)),
+    ("sensitivity.calibration_size", integer(ge=1, le=MAX_CALIBRATION_SIZE, note="the batch is held whole and "
+                                            "every client's sensitivity is computed on all of it; Table 5: 16-512")),
+    ("sensitivity.sketch_dim", integer(ge=1, le=MAX_SKETCH_DIM, note="the rows of the sketch_dim x parameters "
+                                      "float32 projection held in memory; default 16")),
     ("sensitivity.chunk_size", integer(ge=1)),
     ("eval.every_days", number(gt=0, le=MAX_DAYS, note="times 86,400 units, it must fit in int64")),
     ("eval.batch_size", integer(ge=1)),
@@ -257,20 +268,30 @@ def _cross_field_errors(c: ml_collections.ConfigDict) -> list[str]:
 def _arrival_time_errors(c: ml_collections.ConfigDict) -> list[str]:
   """The latest arrival time (the budget plus the slowest response time) must fit in int64: a response
   time of `high` units, times `slow_factor` for slow devices, drawn as int64 (beyond it the draw fails, or
-  the product wraps around to a negative time and the run never ends)."""
+  the product wraps around to a negative time and the run never ends). A `high` too large by itself is
+  reported on `sim.latency.high`; one that only the slow factor pushes beyond, on `sim.latency.slow_factor`."""
   lat, days = c.sim.latency, c.sim.virtual_days
   if not (is_integer(lat.high) and 1 <= lat.high <= INT64_MAX and number(gt=0, le=MAX_DAYS)(days)):
     return []  # (each reported by its own row)
-  slow = (lat.slow_factor if number(ge=0, le=1)(lat.slow_fraction) and lat.slow_fraction > 0
-          and number(ge=1)(lat.slow_factor) else 1.0)
   budget = int(round(days * UNITS_PER_DAY))
-  # Room for the draw's exclusive upper end (high + 1) and the budget, in whole units.
-  limit = int((INT64_MAX - budget - 1) // slow) if slow > 1 else INT64_MAX - budget - 1
-  if lat.high <= limit:
+  room = INT64_MAX - budget - 1  # room for the draw's exclusive upper end (high + 1) and the budget
+  if lat.high > room:
+    return [error("sim.latency.high", lat.high,
+                  f"an integer <= {room} (sim.virtual_days x 86,400 + sim.latency.high must fit in int64)")]
+  slow = lat.slow_factor
+  if not (number(ge=0, le=1)(lat.slow_fraction) and lat.slow_fraction > 0 and number(ge=1)(slow) and slow > 1):
     return []
-  why = f" x sim.latency.slow_factor ({lat.slow_factor!r})" if slow > 1 else ""
-  return [error("sim.latency.high", lat.high,
-                f"an integer <= {limit} (sim.virtual_days x 86,400 + sim.latency.high{why} must fit in int64)")]
+  if lat.high <= int(room // slow):
+    return []
+  return [error("sim.latency.slow_factor", slow,
+                f"a number in [1, {_floor_3(room / lat.high)}] with sim.latency.high={lat.high} (sim.latency.high "
+                "x sim.latency.slow_factor + sim.virtual_days x 86,400 must fit in int64)")]
+
+
+def _floor_3(x: float) -> str:
+  """`x` (>= 1) rounded down to 3 significant digits, as text: a bound a message can show and a user can copy."""
+  scale = 10.0 ** (math.floor(math.log10(x)) - 2)
+  return f"{math.floor(x / scale) * scale:.3g}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -338,6 +359,25 @@ def validate_data(c: ml_collections.ConfigDict, sizes: DataSizes) -> None:
   errors = data_errors(c, sizes)
   if errors:
     raise ConfigError("invalid config for this dataset:\n  " + "\n  ".join(errors))
+
+
+def model_errors(c: ml_collections.ConfigDict, num_params: int) -> list[str]:
+  """The problems of a valid config that only the model's size shows: FedPSA's projection R, a
+  `sensitivity.sketch_dim` x `num_params` float32 matrix, must fit in MAX_PROJECTION_BYTES."""
+  k, limit = c.sensitivity.sketch_dim, max(1, MAX_PROJECTION_BYTES // (4 * num_params))
+  if k <= limit:
+    return []
+  return [error("sensitivity.sketch_dim", k,
+                f"an integer in [1, {limit}] with model.name={c.model.name!r} ({num_params:,} parameters on "
+                f"data.name={c.data.name!r}): the projection R of sketch_dim x parameters float32 must fit in "
+                f"{MAX_PROJECTION_BYTES // 2**30} GiB")]
+
+
+def validate_model(c: ml_collections.ConfigDict, num_params: int) -> None:
+  """Raises one ConfigError listing `model_errors` (checked once the data is loaded, before the build)."""
+  errors = model_errors(c, num_params)
+  if errors:
+    raise ConfigError("invalid config for this model:\n  " + "\n  ".join(errors))
 
 
 def config_errors(c: ml_collections.ConfigDict) -> list[str]:

@@ -20,19 +20,23 @@ and the same budget) and otherwise lets `Simulation` continue it from its own ch
 an interrupted sweep rerun with the same command redoes nothing finished, and a field added to another
 method's section since then reruns nothing.
 `SWEEP_DIR/sweep.json` holds the sweep config and the member list, which is all the report needs.
+A running sweep holds `SWEEP_DIR/.lock` (`locked`) from writing sweep.json to its last member: a second
+sweep on the same directory is refused at once (ConfigError), never run beside it.
 
 Expanding a sweep imports no JAX by itself; validating its members loads the strategies (which do).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import fcntl
 import itertools
 import os
 import re
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import ml_collections
 
@@ -41,6 +45,7 @@ from fedpsa_jax import io
 from fedpsa_jax.errors import ConfigError
 
 SWEEP_FILE = "sweep.json"
+LOCK_FILE = ".lock"  # (the name io.RunDir locks: one lock file per directory, whoever holds it)
 RUNS_DIR = "runs"
 EXECUTORS = ("local", "ray")
 _LABEL = re.compile(r"^[A-Za-z0-9._+-]+$")  # labels become directory names: keep them portable
@@ -138,6 +143,33 @@ def write_sweep_json(sweep: ml_collections.ConfigDict, members: Sequence[Member]
   return path
 
 
+@contextlib.contextmanager
+def locked(sweep_dir: str, name: str = "") -> Iterator[None]:
+  """Holds SWEEP_DIR/.lock inside the block: the sweep's claim on its directory, taken as `io.RunDir.lock`
+  takes a run's (fcntl.flock, so the OS drops it when the process dies, even by SIGKILL: never stale).
+  ConfigError at once if another sweep (or a run) holds it: two sweeps writing sweep.json and running the
+  same members into the same run directories would collide."""
+  os.makedirs(sweep_dir, exist_ok=True)
+  f = open(os.path.join(sweep_dir, LOCK_FILE), "a+")
+  try:
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:
+    f.seek(0)
+    owner = f.read().strip() or "unknown"
+    f.close()
+    raise ConfigError(f"--workdir={sweep_dir!r} is in use by another sweep or run ({owner}); allowed: a sweep "
+                      "directory no running sweep uses (wait for that one to end: rerunning the same command "
+                      "then resumes it), or another --workdir") from None
+  try:
+    f.seek(0)
+    f.truncate()
+    f.write(f"sweep {name}, pid {os.getpid()}\n" if name else f"sweep, pid {os.getpid()}\n")
+    f.flush()
+    yield
+  finally:
+    f.close()  # releases the flock
+
+
 def read_sweep_json(sweep_dir: str) -> dict[str, Any]:
   """SWEEP_DIR/sweep.json: {'sweep': the sweep config, 'members': [{name, labels, overrides}]}."""
   return io.read_json(os.path.join(sweep_dir, SWEEP_FILE))
@@ -203,15 +235,16 @@ def run_local(sweep: ml_collections.ConfigDict, sweep_dir: str, log: Callable[[s
   A member that raises an Exception is recorded as failed and the sweep goes on; an interruption
   (KeyboardInterrupt) stops it, and rerunning resumes (finished members are skipped)."""
   members = expand(sweep)
-  write_sweep_json(sweep, members, sweep_dir)
-  results = {}
-  for i, m in enumerate(members):
-    start = time.perf_counter()
-    try:
-      results[m.name] = run_member(io.config_json(m.config), member_dir(sweep_dir, m), compilation_cache)
-    except Exception as err:  # noqa: BLE001 — one broken member must not stop a long sweep
-      results[m.name] = _failure(m, err)
-    log(f"[{i + 1}/{len(members)}] {m.name}: {_outcome(results[m.name])} ({time.perf_counter() - start:.1f} s)")
+  with locked(sweep_dir, sweep.name):
+    write_sweep_json(sweep, members, sweep_dir)
+    results = {}
+    for i, m in enumerate(members):
+      start = time.perf_counter()
+      try:
+        results[m.name] = run_member(io.config_json(m.config), member_dir(sweep_dir, m), compilation_cache)
+      except Exception as err:  # noqa: BLE001 — one broken member must not stop a long sweep
+        results[m.name] = _failure(m, err)
+      log(f"[{i + 1}/{len(members)}] {m.name}: {_outcome(results[m.name])} ({time.perf_counter() - start:.1f} s)")
   return results
 
 
@@ -238,6 +271,14 @@ def run_ray(sweep: ml_collections.ConfigDict, sweep_dir: str, address: str | Non
     raise ConfigError("--executor=ray needs the ray package (pip install ray); allowed: --executor=local, "
                                  "or install ray") from err
   members = expand(sweep)  # (every member validated before Ray starts)
+  with locked(sweep_dir, sweep.name):
+    return _run_ray_members(ray, sweep, members, sweep_dir, address, num_cpus_per_member, log, compilation_cache)
+
+
+def _run_ray_members(ray: Any, sweep: ml_collections.ConfigDict, members: Sequence[Member], sweep_dir: str,
+                     address: str | None, num_cpus_per_member: float, log: Callable[[str], None],
+                     compilation_cache: str | None) -> dict[str, dict]:
+  """`run_ray`'s work once the sweep directory is locked."""
   write_sweep_json(sweep, members, sweep_dir)
   if not ray.is_initialized():
     ray.init(address=address, include_dashboard=False, log_to_driver=False)

@@ -170,7 +170,9 @@ def test_fedfa_window_unchanged_until_full_then_mean_of_latest_k():
 
 def test_fedfa_config_validation():
   assert any("fedfa.window_size=0 is invalid" in e for e in config_lib.config_errors(_cfg("fedfa", window_size=0)))
-  assert config_lib.config_errors(_cfg("fedfa")) == []
+  assert config_lib.config_errors(_cfg("fedfa", num_clients=5)) == []  # K = 5 <= N
+  assert any("fedfa.window_size=5 is invalid; allowed: an integer in [1, 4]" in e  # K > N = 4
+             for e in config_lib.config_errors(_cfg("fedfa")))
   assert config_lib.base_config().fedfa.window_size == 5
 
 

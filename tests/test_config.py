@@ -66,6 +66,13 @@ BAD = [
     ("sim.virtual_days", 1e300),  # x 86,400 units
     ("eval.every_days", 1e300),
     ("checkpoint.every_days", 1e300),
+    # Beyond what memory holds (an out-of-memory error once the run is built or the first client returns).
+    ("sensitivity.sketch_dim", 4097),
+    ("sensitivity.calibration_size", 65_537),
+    # Never a number: a boolean (True == 1 in Python), an infinity.
+    ("sim.virtual_days", True),
+    ("sensitivity.sketch_dim", True),
+    ("local.lr", float("inf")),
 ]
 
 
@@ -130,7 +137,53 @@ def test_int64_bounds_accept_the_largest_values_that_fit():
   config_lib.set_fields(c, {"sim.virtual_days": 1e14, "sim.latency.high": 2**63 - 1 - int(1e14) * 86_400 - 1})
   assert config_lib.config_errors(c) == []
   config_lib.set_fields(c, {"sim.latency.slow_fraction": 0.5, "sim.latency.slow_factor": 2.0})
-  assert [e.split("=")[0] for e in config_lib.config_errors(c)] == ["sim.latency.high"]  # x 2 overflows
+  assert [e.split("=")[0] for e in config_lib.config_errors(c)] == ["sim.latency.slow_factor"]  # x 2 overflows
+
+
+@pytest.mark.parametrize("high", [500, 10**12, 2**62])
+def test_a_slow_factor_that_overflows_int64_is_named_with_the_largest_that_fits(high):
+  c = config_lib.set_fields(config_lib.base_config(), {"sim.latency.high": high, "sim.latency.slow_fraction": 0.3,
+                                                       "sim.latency.slow_factor": 1e300})
+  errors = config_lib.config_errors(c)
+  assert len(errors) == 1
+  assert errors[0].startswith("sim.latency.slow_factor=1e+300 is invalid; allowed: a number in [1, ")
+  assert f"] with sim.latency.high={high} (" in errors[0] and "must fit in int64" in errors[0]
+  largest = float(errors[0].split("[1, ")[1].split("]")[0])
+  config_lib.set_fields(c, {"sim.latency.slow_factor": largest})  # the bound shown is one that runs
+  assert config_lib.config_errors(c) == []
+  c.sim.latency.slow_fraction = 0.0  # no slow devices: the factor is never applied
+  c.sim.latency.slow_factor = 1e300
+  assert config_lib.config_errors(c) == []
+
+
+def test_sensitivity_sizes_are_bounded_by_memory_and_the_model():
+  c = config_lib.set_fields(config_lib.base_config(), {"sensitivity.sketch_dim": 4096,
+                                                       "sensitivity.calibration_size": 65_536})
+  assert config_lib.config_errors(c) == []  # the bounds themselves are allowed
+  c.sensitivity.sketch_dim = 4097
+  assert config_lib.config_errors(c) == ["sensitivity.sketch_dim=4097 is invalid; allowed: an integer in [1, 4096] "
+                                         "(the rows of the sketch_dim x parameters float32 projection held in "
+                                         "memory; default 16)"]
+  # The projection R, sketch_dim x parameters float32, within 1 GiB: 161 rows of the MNIST CNN's 1,663,370.
+  c.model.name, c.sensitivity.sketch_dim = "mnist_cnn", 161
+  assert config_lib.model_errors(c, 1_663_370) == []
+  c.sensitivity.sketch_dim = 162
+  (message,) = config_lib.model_errors(c, 1_663_370)
+  assert message.startswith("sensitivity.sketch_dim=162 is invalid; allowed: an integer in [1, 161] with "
+                            "model.name='mnist_cnn' (1,663,370 parameters")
+  with pytest.raises(config_lib.ConfigError, match="invalid config for this model"):
+    config_lib.validate_model(c, 1_663_370)
+  c.model.name, c.sensitivity.sketch_dim = "linear", 4096
+  assert config_lib.model_errors(c, 7850) == []  # a small model: the static bound is the one that applies
+
+
+def test_a_fedfa_window_is_at_most_the_clients():
+  c = config_lib.set_fields(config_lib.base_config(), {"method": "fedfa", "partition.num_clients": 20,
+                                                       "fedfa.window_size": 20})
+  assert config_lib.config_errors(c) == []
+  c.fedfa.window_size = 21
+  assert config_lib.config_errors(c) == ["fedfa.window_size=21 is invalid; allowed: an integer in [1, 20] (at most "
+                                         "partition.num_clients)"]
 
 
 SIZES = config_lib.DataSizes(train=4500, test=500, train_per_class=(450,) * 10)

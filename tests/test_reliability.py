@@ -1,7 +1,7 @@
 """Reliability: determinism, divergence, and bad input failing before any training.
 
-- Same config and seed -> identical metrics.jsonl, events.jsonl and summary.json (apart from the
-  timing fields `wall_seconds`, `train_seconds`, `client_updates_per_second`); another seed differs.
+- Same config and seed -> identical metrics.jsonl, events.jsonl and summary.json (apart from
+  `runner.TIMING_FIELDS`, which docs/runs.md lists exactly); another seed differs.
 - A NaN/Inf in the global model or the test loss stops the run with status `diverged`, `diverged_at`
   {round, time, day} in summary.json, and every metrics line up to it kept; `stop_on_nan=False` runs on.
 - A table of bad inputs (config values, tfds data missing offline, unwritable workdir, a workdir of
@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -225,6 +226,15 @@ def run_launch(*args: str) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, "launch.py", "--config=configs/default.py",
                          "--config.output.progress=False", *args],
                         cwd=ROOT, capture_output=True, text=True, timeout=180)
+
+
+def test_the_docs_list_exactly_the_fields_that_may_differ_after_a_resume():
+  """docs/runs.md's one list of the fields a resumed (or repeated) run may change is runner.TIMING_FIELDS."""
+  text = " ".join(open(os.path.join(ROOT, "docs", "runs.md")).read().split())
+  sentence = text.split("apart from the fields that measure the process rather than the run", 1)[1]
+  listed = re.findall(r"`([a-z_]+)`", sentence.split("`TIMING_FIELDS`):", 1)[1].split(" (", 1)[0])
+  assert listed == list(runner.TIMING_FIELDS)
+  assert {"compiles", "execution_batches"} <= set(listed)
 
 
 def test_a_workdir_in_use_by_another_run_is_refused(tmp_path):

@@ -1,10 +1,12 @@
 """Sweeps (fedpsa_jax/sweep.py, configs/paper/): expansion of every paper config, the Table 1 smoke sweep
-end to end through launch.py, resume after an interruption, and the Ray executor against the local one."""
+end to end through launch.py, resume after an interruption, the Ray executor against the local one, and
+the lock that keeps a second sweep off a busy sweep directory."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -202,3 +204,46 @@ def test_launch_sweep_rejects_a_run_config(tmp_path):
   done = _launch("--mode=sweep", "--config=configs/paper/table9.py", f"--workdir={tmp_path / 'y'}")
   assert done.returncode == 2 and "no such file" in done.stderr and "table1.py" in done.stderr
   assert not os.path.exists(tmp_path / "x") and not os.path.exists(tmp_path / "y")
+
+
+def test_a_second_sweep_on_a_busy_sweep_directory_is_refused(tmp_path, monkeypatch):
+  """A sweep holds SWEEP_DIR/.lock from writing sweep.json to its last member: a second sweep on the same
+  directory is refused at once, before it writes or runs anything, and runs once the first has ended."""
+  workdir = str(tmp_path / "sweep")
+  ran, claims = [], []
+
+  def member(config_json, run_dir, compilation_cache=None):
+    ran.append(os.path.basename(run_dir))
+    try:  # the directory stays claimed while the members run
+      with sweep.locked(workdir, "intruder"):
+        claims.append("taken")
+    except config_lib.ConfigError:
+      claims.append("refused")
+    return {"status": "completed", "sweep_action": "ran"}
+
+  monkeypatch.setattr(sweep, "run_member", member)
+  with sweep.locked(workdir, "first"):
+    with pytest.raises(config_lib.ConfigError) as err:
+      sweep.run_local(_tiny_sweep(), workdir, log=lambda _: None)
+    assert str(err.value) == (f"--workdir={workdir!r} is in use by another sweep or run (sweep first, pid "
+                              f"{os.getpid()}); allowed: a sweep directory no running sweep uses (wait for that "
+                              "one to end: rerunning the same command then resumes it), or another --workdir")
+    assert ran == [] and os.listdir(workdir) == [sweep.LOCK_FILE]  # nothing written, nothing run
+  results = sweep.run_local(_tiny_sweep(), workdir, log=lambda _: None)  # released: the next one runs
+  assert len(results) == len(ran) == 3 and claims == ["refused"] * 3
+  with sweep.locked(workdir):  # and releases it at its end
+    pass
+
+
+@pytest.mark.slow
+def test_launch_refuses_a_second_sweep_on_the_same_workdir_in_one_line(tmp_path):
+  workdir = str(tmp_path / "sweep")
+  with sweep.locked(workdir, "table1"):
+    done = _launch("--mode=sweep", "--config=configs/paper/table1.py:smoke", f"--workdir={workdir}")
+  assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+  absl_log = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")  # (INFO lines of JAX and absl)
+  lines = [line for line in done.stderr.splitlines() if line.strip() and not absl_log.match(line)]
+  assert lines == [f"--workdir={workdir!r} is in use by another sweep or run (sweep table1, pid {os.getpid()}); "
+                   "allowed: a sweep directory no running sweep uses (wait for that one to end: rerunning the "
+                   "same command then resumes it), or another --workdir"], done.stderr
+  assert os.listdir(workdir) == [sweep.LOCK_FILE]

@@ -33,8 +33,11 @@ from fedpsa_jax import cli, errors, io
 class Recorder:
   """A run's outputs: files, checkpoints and progress."""
 
-  def __init__(self, workdir: str | None, config: ml_collections.ConfigDict):
+  def __init__(self, workdir: str | None, config: ml_collections.ConfigDict, rundir: io.RunDir | None = None):
+    """`rundir`: the workdir's `io.RunDir` when the caller already holds its lock (`Simulation` takes it
+    before building the run); otherwise `open` makes one and locks it."""
     self.config = config
+    self._claimed = rundir
     self.progress = tqdm.tqdm(total=round(config.sim.virtual_days, 4), unit="day", leave=True,
                               disable=not config.output.progress,
                               bar_format="{l_bar}{bar}| {n:.3f}/{total:.3f} days [{elapsed}<{remaining}{postfix}]")
@@ -57,13 +60,16 @@ class Recorder:
       raise errors.OutputWriteError.of(err, self.rundir.file(name) if self.rundir else name) from err
 
   def open(self) -> checkpoint_lib.Restored | None:
-    """Claims the workdir (a lock held until `close`) and returns its newest usable checkpoint, if any: one
-    that reads back intact and whose output positions the files still reach. Without one, whatever an
-    earlier attempt wrote is cleared for a fresh start."""
+    """Claims the workdir (a lock held until `close`; already held when given to `__init__`) and returns its
+    newest usable checkpoint, if any: one that reads back intact and whose output positions the files still
+    reach. Without one, whatever an earlier attempt wrote is cleared for a fresh start."""
     if not self.workdir:
       return None
-    self.rundir = io.RunDir(self.workdir)
-    self.rundir.lock()  # before anything in the workdir is read, cut back or written
+    if self._claimed is not None:
+      self.rundir = self._claimed
+    else:
+      self.rundir = io.RunDir(self.workdir)
+      self.rundir.lock()  # before anything in the workdir is read, cut back or written
     self.checkpoints = checkpoint_lib.CheckpointStore(self.rundir.file("checkpoints"), self.config.checkpoint.keep)
     mismatched: list[str] = []
 
@@ -174,8 +180,9 @@ class Recorder:
   def close(self) -> None:
     """Closes the files and the checkpoint store (the run can be resumed from its workdir later)."""
     self.progress.close()
-    if self.rundir:
-      self.rundir.close()
+    for rundir in (self.rundir, self._claimed):  # (the same one once opened; closing twice is harmless)
+      if rundir is not None:
+        rundir.close()
     if self.checkpoints:
       self.checkpoints.close()
 

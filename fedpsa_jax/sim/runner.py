@@ -19,7 +19,7 @@ dispatched with (its result is recomputed on resume: it depends only on those), 
 `LoopState`, and the output positions. A `Simulation` on a workdir holding a run of the same config
 resumes from the newest complete checkpoint, truncating the outputs to the positions it recorded; without
 one it starts over. Metrics after a resume are bitwise those of an uninterrupted run on the same backend,
-apart from the timing fields (`wall_seconds`, `train_seconds`).
+apart from `TIMING_FIELDS` (wall-clock times, compiles, how the executor batched jobs).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -39,6 +40,7 @@ from fedpsa_jax import checkpoint as checkpoint_lib
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import cli, errors, io, metrics, strategies
 from fedpsa_jax.compiles import CompileCounter
+from fedpsa_jax.models import get_model
 from fedpsa_jax.sim.build import build_data, build_run
 from fedpsa_jax.sim.executor import Job
 from fedpsa_jax.sim.loop_state import LoopState
@@ -56,24 +58,49 @@ TIMING_FIELDS = ("wall_seconds", "train_seconds", "client_updates_per_second", "
                  "padding_waste", "execution_batches")
 
 
+def _num_params(config: ml_collections.ConfigDict, dataset: Any) -> int:
+  """The number of parameters of the config's model on `dataset` (shapes only: nothing is computed)."""
+  model = get_model(config.model.name, dataset.num_classes, config.model.init)
+  x = jax.ShapeDtypeStruct((1, *dataset.input_shape), jnp.float32)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), x)
+  return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
+
+
+def _abandon(rundir: io.RunDir | None, workdir: str | None, created: bool) -> None:
+  """Releases the workdir of a Simulation that could not be built; one this run created and left empty
+  (but for its lock file) is removed: bad input leaves no empty run directory behind."""
+  if rundir is None:
+    return
+  rundir.close()
+  lock = rundir.file(".lock")
+  if created and os.listdir(workdir) == [os.path.basename(lock)]:
+    os.remove(lock)
+  if created and not os.listdir(workdir):
+    os.rmdir(workdir)
+
+
 class Simulation:
   """One run of one config: build once, then `run()` (or `run_until(day)` repeatedly, then `finish()`)."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
-    """Validates `config` and `workdir` (ConfigError before any work), builds the run, and, when
-    `workdir` holds a run of the same config with a usable checkpoint, restores it."""
+    """Validates `config` and `workdir` (ConfigError before any work), claims the workdir (its lock, at
+    once: a second run on a busy workdir is refused before the many seconds of building), builds the
+    run, and, when `workdir` holds a run of the same config with a usable checkpoint, restores it."""
     self.config = config = config_lib.validate(config)
     self.wall_start = time.perf_counter()
-    self.compiles = CompileCounter().open()  # every XLA compile of this run (warm-up included)
     created = io.check_workdir(workdir, config) if workdir else False
+    rundir = io.RunDir(workdir) if workdir else None
+    if rundir is not None:
+      rundir.lock()  # (ConfigError naming the other run's pid; the Recorder holds it until `close`)
+    self.compiles = CompileCounter().open()  # every XLA compile of this run (warm-up included)
     try:
       data = build_data(config)  # (and `config.validate_data`: values only the data rules out)
-    except BaseException:  # (a Ctrl-C while the data loads, too)
+      config_lib.validate_model(config, _num_params(config, data[0]))  # (FedPSA's projection, by the model)
+      self.run_parts = run = build_run(config, self.compiles, data)
+    except BaseException:  # (a Ctrl-C while the data loads or the run builds, too)
       self.compiles.close()
-      if created and not os.listdir(workdir):
-        os.rmdir(workdir)  # bad input (e.g. missing data) leaves no empty run directory behind
+      _abandon(rundir, workdir, created)
       raise
-    self.run_parts = run = build_run(config, self.compiles, data)
     self.dataset, self.fed, self.model, self.strategy = run.dataset, run.fed, run.model, run.strategy
     self.executor, self.scheduler, self.execution = run.executor, run.scheduler, run.execution
     self.evaluate, self.personal_evaluate = run.evaluate, run.personal_evaluate
@@ -85,7 +112,7 @@ class Simulation:
     self.jobs: dict[int, Job] = {}  # in flight, by job id
     self.history: list[dict] = []  # metrics.jsonl's records
     self.resumed_from: int | None = None  # virtual time of the checkpoint this run continued from
-    self.recorder = Recorder(workdir, config)
+    self.recorder = Recorder(workdir, config, rundir=rundir)
     try:
       restored = self.recorder.open()
       if restored is not None:

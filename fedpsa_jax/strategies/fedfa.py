@@ -20,7 +20,8 @@ Adaptation choices:
   one round per event time with arrivals, so such a batch advances the round counter (and with it
   staleness and the lr decay) by one, not by its size — the same convention as FedAsync here.
 - The mean is unweighted (the paper's queue average), not by data size.
-- No staleness weighting and no client-side term. Default K = 5 (DESIGN §4, `fedfa.window_size`).
+- No staleness weighting and no client-side term. Default K = 5 (DESIGN §4, `fedfa.window_size`); K is at
+  most partition.num_clients (a larger window is refused).
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ import jax
 import ml_collections
 
 from fedpsa_jax.strategies.base import Arrival, Strategy, register
-from fedpsa_jax.strategies.common import section_errors
+from fedpsa_jax.strategies.common import buffer_size, section_errors
 from fedpsa_jax.tree_util import tree_add
-from fedpsa_jax.validation import integer
 
 Params = Any
 
@@ -63,7 +63,9 @@ class FedFa(Strategy):
 
   @classmethod
   def validate_config(cls, config: ml_collections.ConfigDict) -> list[str]:
-    return section_errors(config, "fedfa", (("window_size", integer(ge=1)),))
+    # K <= N, like a buffer (the shared `buffer_size` rule): the model first changes once K client models
+    # have arrived, and a window of more models than clients only averages several of each client's.
+    return section_errors(config, "fedfa", (("window_size", buffer_size(config)),))
 
   def init(self, params: Params) -> WindowState:
     return WindowState(params=params)
