@@ -13,9 +13,10 @@ trains clients on both devices, `loop@3` on two while the third serves (see exec
 Printed per row: client updates per second (compile time excluded); the ideal: the window's samples
 (epochs × each client's n) as bare jitted SGD steps of full batches B, no masks, back to back on every
 device that trains clients, all at once, and `of ideal` = rate / ideal rate; cores busy (process CPU
-time / wall time: 2.00 is both cores of this machine all the time); the share of wall time the host
-spends outside waiting for client results (host loop, aggregation, evaluation, and with `loop`, the
-time training overlaps with them), and the payloads' (e.g. FedPSA's sketch) part of the wall time;
+time / wall time: 2.00 is both cores of this machine all the time); with `--phase_timing` only (it makes
+the host wait at every event, so the rate is lower), the share of wall time the host spends outside
+waiting for client results (host loop, aggregation, evaluation, and with `loop`, the time training
+overlaps with them), and the payloads' (e.g. FedPSA's sketch) part of the wall time;
 padding waste (masked steps / steps run); compiles over the whole run (and inside the window); the bare
 step's time per device; the final accuracy.
 """
@@ -39,6 +40,8 @@ flags.DEFINE_list("models", ["mnist_cnn", "linear"], "models to run")
 flags.DEFINE_list("executions", ["loop", "loop@2", "loop@3", "vmap", "sharded@2"],
                   "execution backends; `name@D` runs with D forced host devices")
 flags.DEFINE_string("method", "fedpsa", "the method of the runs")
+flags.DEFINE_bool("phase_timing", False, "run with output.phase_timing: fills the `outside train` and "
+                  "`(payload)` columns, at the cost of a wait for the devices at every event")
 flags.DEFINE_string("child", "", "internal: run one (model, execution) and print JSON")
 FLAGS = flags.FLAGS
 
@@ -54,6 +57,7 @@ def measure(model: str, execution: str) -> dict:
   config.local.execution = execution
   config.sim.virtual_days = FLAGS.days
   config.output.progress = False
+  config.output.phase_timing = FLAGS.phase_timing
   sim = runner.Simulation(config)
   sim.run_until(FLAGS.warmup_days)
   # The window's work is what the executor computed in it (jobs and their steps), not what arrived:
@@ -83,7 +87,8 @@ def measure(model: str, execution: str) -> dict:
     return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads)
 
   ex = sim.executor
-  devices = list(ex.mesh.devices.flat) if ex.mesh is not None else ex.devices
+  mesh = getattr(ex, "mesh", None)  # (sharded: its devices; loop: its client devices; vmap: the server's)
+  devices = list(mesh.devices.flat) if mesh is not None else getattr(ex, "devices", [ex.home])
   chains = [jax.device_put((sim.strategy.eval_models(sim.state).params, sim.fed.x_train[:b], sim.fed.y_train[:b]), d)
             for d in devices]
   params = jax.block_until_ready([step(*chain) for chain in chains])
@@ -95,7 +100,9 @@ def measure(model: str, execution: str) -> dict:
   step_seconds = (time.perf_counter() - start) / (reps * len(devices))  # per step, all devices at once
   return {"model": model, "execution": summary["execution"], "devices": jax.local_device_count(),
           "train_devices": len(devices), "updates": updates, "updates_per_s": updates / wall,
-          "cores_busy": cores_busy, "outside_training": 1 - train / wall, "payload_share": payload / wall,
+          "cores_busy": cores_busy,
+          "outside_training": 1 - train / wall if FLAGS.phase_timing else None,
+          "payload_share": payload / wall if FLAGS.phase_timing else None,
           "window_compiles": compiles, "padding_waste": summary["padding_waste"], "compiles": summary["compiles"],
           "step_ms": 1e3 * step_seconds, "ideal_updates_per_s": updates / (samples / b * step_seconds),
           "final_accuracy": summary["final_test_accuracy"]}
@@ -107,11 +114,15 @@ def run_child(model: str, execution: str) -> dict:
   if devices:
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}").strip()
   argv = [sys.executable, os.path.abspath(__file__), f"--child={model}:{execution}", f"--days={FLAGS.days}",
-          f"--warmup_days={FLAGS.warmup_days}", f"--method={FLAGS.method}"]
+          f"--warmup_days={FLAGS.warmup_days}", f"--method={FLAGS.method}", f"--phase_timing={FLAGS.phase_timing}"]
   out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT)
   if out.returncode:
     raise RuntimeError(out.stderr[-2000:])
   return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _share(value: float | None) -> str:
+  return "-" if value is None else f"{value:.1%}"
 
 
 def main(argv):
@@ -129,7 +140,8 @@ def main(argv):
       r = run_child(model, execution)  # a fresh process each: no jit cache shared between rows
       print(f"{r['model']:10s} {r['execution']:9s} {r['devices']:3d} {r['train_devices']:5d} {r['updates_per_s']:6.2f} "
             f"{r['ideal_updates_per_s']:7.2f} {r['updates_per_s'] / r['ideal_updates_per_s']:8.0%} "
-            f"{r['cores_busy']:10.2f} {r['outside_training']:13.1%} {r['payload_share']:9.1%} {r['padding_waste']:7.1%} "
+            f"{r['cores_busy']:10.2f} {_share(r['outside_training']):>13s} {_share(r['payload_share']):>9s} "
+            f"{r['padding_waste']:7.1%} "
             f"{r['compiles']:5d} ({r['window_compiles']:3d} in) {r['step_ms']:7.1f} "
             f"{r['final_accuracy']:9.4f}", flush=True)
 

@@ -29,6 +29,7 @@ import pandas as pd
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, strategies
 from fedpsa_jax.sim import runner
+from fedpsa_jax.tree_util import to_host
 
 # Relative config paths that do not exist from the working directory are looked up from here, so that a
 # notebook in notebooks/ can say "configs/default.py" as the command line does from the repository root.
@@ -302,8 +303,8 @@ class Explorer:
 
   def diagnostics(self) -> dict[str, Any]:
     """The strategy's diagnostics of the current state (FedPSA: `temperature`, `thermometer_ready` and,
-    after the first flush, the `kappa` and `weights` of the last flush)."""
-    return self.simulation.strategy.diagnostics(self.simulation.state)
+    after the first flush, the `kappa` and `weights` of the last flush), as Python numbers and lists."""
+    return to_host(self.simulation.strategy.diagnostics(self.simulation.state))
 
   def evaluate(self) -> dict[str, float]:
     """Test accuracy and loss of the current global parameters, now (not logged in the history)."""

@@ -58,9 +58,10 @@ LOCAL_LOOPS = choices.LOCAL_LOOPS
 # counts it as a finished sweep member: they change neither the run's trajectory nor its outputs up to the
 # checkpoint. `sim.virtual_days` may grow (to extend a finished run) but not fall below the time of the
 # checkpoint resumed from, and a sweep member is only done at its own budget (`sweep.is_done`);
-# `data.data_dir` only says where the same prepared data now lives.
-RESUMABLE_FIELDS = ("sim.virtual_days", "output.progress", "checkpoint.every_days", "checkpoint.keep",
-                    "data.data_dir")
+# `data.data_dir` only says where the same prepared data now lives; `output.phase_timing` changes only the
+# wall-clock accounting (a resumed run times its phases from where it continued).
+RESUMABLE_FIELDS = ("sim.virtual_days", "output.progress", "output.phase_timing", "checkpoint.every_days",
+                    "checkpoint.keep", "data.data_dir")
 
 
 def _strategies() -> dict[str, Any]:
@@ -125,6 +126,11 @@ def base_config() -> ml_collections.ConfigDict:
   # counts in one vmapped call), sharded (vmap split over all local devices), auto (the fastest measured
   # for the platform: loop on CPU, vmap/sharded on GPU).
   c.local.execution = "auto"
+  # vmap/sharded: clients in every vmapped call, padded with inert jobs when fewer are pending. One width for
+  # all calls, because XLA's results change with a batch's size: a client's result then never depends on
+  # which clients share its call, and a resumed run repeats an uninterrupted one bit for bit.
+  # 0: the in-flight count (C) rounded up to a power of two. Sharded: rounded up to a multiple of the devices.
+  c.local.vmap_width = 0
 
   c.sim = ml_collections.ConfigDict()
   c.sim.virtual_days = 10.0  # the virtual-time budget in days (86,400 units each)
@@ -161,6 +167,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.output = ml_collections.ConfigDict()
   c.output.events = False  # write events.jsonl: one line per received update
   c.output.progress = True  # show a progress bar over virtual days
+  # Time client training, client payloads and server steps apart (the summary's *_compute_seconds,
+  # client_payload_seconds and train_seconds; the paper's Fig. 5): the host then waits for the devices at
+  # every event, losing the overlap of its work with theirs. Off, those fields are null and the host never
+  # waits between evaluations.
+  c.output.phase_timing = False
 
   c.checkpoint = ml_collections.ConfigDict()
   # Save a checkpoint (WORKDIR/checkpoints) at the first evaluation at least this many virtual days
@@ -212,6 +223,7 @@ FIELD_RULES: tuple[tuple[str, Validator], ...] = (
     ("local.loop", one_of(choices.LOCAL_LOOPS)),
     ("local.execution", one_of(choices.EXECUTIONS)),
     ("local.max_unroll", integer(ge=1)),
+    ("local.vmap_width", integer(ge=0, note="0: the in-flight count rounded up to a power of two")),
     ("sim.virtual_days", number(gt=0, le=MAX_DAYS, note="times 86,400 units, it must fit in int64")),
     ("sim.concurrency", number(gt=0, le=1)),
     ("sim.latency.distribution", one_of(choices.LATENCY_DISTRIBUTIONS)),
@@ -235,6 +247,7 @@ FIELD_RULES: tuple[tuple[str, Validator], ...] = (
     ("eval.target_accuracy", number(ge=0, le=1, note="0: off")),
     ("output.events", boolean),
     ("output.progress", boolean),
+    ("output.phase_timing", boolean),
     ("checkpoint.every_days", number(ge=0, le=MAX_DAYS, note="0: checkpoint only at the end")),
     ("checkpoint.keep", integer(ge=1)),
 )

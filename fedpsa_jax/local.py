@@ -162,12 +162,22 @@ class LocalTrainer:
     `num_samples` is a host integer (the host knows each client's size); everything else may be on
     device. `aux` is handed to `loss` at every step. Returns the trained parameters.
     """
+    orders = _epoch_orders_jit(key, np.int32(num_samples), index_row.shape[0], self.epochs)
+    return self.train_in_order(params, x_all, y_all, index_row, num_samples, lr, orders, aux)
+
+  def job_orders(self, clients_key: jax.Array, job_id: int, num_samples: int, max_samples: int) -> jax.Array:
+    """The epoch orders of job `job_id` (`epoch_orders` under the key fold_in(clients_key, job_id)) in one
+    compiled call: the executor's per-job key and shuffle cost the host one dispatch, not two."""
+    return _job_orders(clients_key, np.uint32(job_id), np.int32(num_samples), max_samples, self.epochs)
+
+  def train_in_order(self, params: Params, x_all: jax.Array, y_all: jax.Array, index_row: jax.Array,
+                     num_samples: int, lr: float | jax.Array, orders: jax.Array, aux: Any = ()) -> Params:
+    """`train` given the job's epoch orders (`epoch_orders`, e.g. from `job_orders`) instead of its key."""
     total = num_local_steps(int(num_samples), self.batch_size, self.epochs)
     # NumPy scalars, not jnp.asarray: jit's C++ dispatch takes them directly, where an eager conversion
-    # costs ~0.1 ms of host time each (benchmarks/throughput.py's host-overhead row).
+    # costs ~0.1 ms of host time each (benchmarks/host_overhead.py).
     n = np.int32(num_samples)
     lr = np.float32(lr) if not isinstance(lr, jax.Array) else lr
-    orders = _epoch_orders_jit(key, n, index_row.shape[0], self.epochs)
     anchor = params
     if self.loop == "rolled":
       return _run_rolled(self, params, anchor, x_all, y_all, index_row, orders, n, lr, np.int32(total), aux)
@@ -203,6 +213,13 @@ class LocalTrainer:
 
 
 _epoch_orders_jit = jax.jit(epoch_orders, static_argnums=(2, 3))
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _job_orders(clients_key, job_id, num_samples, max_samples, epochs):
+  return epoch_orders(jax.random.fold_in(clients_key, job_id), num_samples, max_samples, epochs)
+
+
 _epoch_orders_batch = jax.jit(jax.vmap(epoch_orders, in_axes=(0, 0, None, None)), static_argnums=(2, 3))
 
 

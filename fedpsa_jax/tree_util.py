@@ -47,3 +47,10 @@ def tree_bytes(tree: Any) -> int:
   """Size in bytes of a pytree of arrays, read from shapes and dtypes (no device work, no sync)."""
   return sum(x.size * x.dtype.itemsize if hasattr(x, "dtype") else np.asarray(x).nbytes
              for x in jax.tree.leaves(tree))
+
+
+def to_host(tree: Any) -> Any:
+  """`tree` with every array read to the host at once (one `jax.device_get`) as Python values: 0-d arrays
+  and NumPy scalars become numbers, other arrays lists. For records that strategies may fill with device
+  values (diagnostics, event records): the host reads them when it writes them, not when they are made."""
+  return jax.tree.map(lambda x: x.tolist() if isinstance(x, (np.ndarray, np.generic)) else x, jax.device_get(tree))

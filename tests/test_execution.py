@@ -19,6 +19,7 @@ from fedpsa_jax.models import max_pool_2x2
 from fedpsa_jax.sim import executor as executor_lib
 from fedpsa_jax.sim import runner
 from fedpsa_jax.sim.scheduler import Dispatch
+from fedpsa_jax.config import set_fields
 from helpers import small_config
 from numerics import assert_close, f32_tolerance
 
@@ -26,13 +27,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = set(runner.TIMING_FIELDS)
 
 
-def test_batch_sizes_are_a_binary_decomposition():
-  for count in range(1, 40):
-    sizes = executor_lib.batch_sizes(count)
-    assert sum(sizes) == count and sizes == sorted(sizes, reverse=True)
-    assert all(s & (s - 1) == 0 for s in sizes) and len(set(sizes)) == len(sizes)
-    padded = executor_lib.batch_sizes(count, multiple=2)
-    assert all(s % 2 == 0 for s in padded) and count <= sum(padded) <= count + 1
+def test_vmap_width_is_the_request_or_the_in_flight_count_rounded_up():
+  assert [executor_lib.vmap_width(0, c) for c in (1, 2, 3, 5, 8, 10, 17)] == [1, 2, 4, 8, 8, 16, 32]
+  assert executor_lib.vmap_width(6, 10) == 6  # a request wins
+  assert executor_lib.vmap_width(5, 10, devices=2) == 6 and executor_lib.vmap_width(0, 10, devices=3) == 18
 
 
 def _jobs(sim, count, seed=0):
@@ -49,11 +47,30 @@ def _jobs(sim, count, seed=0):
   return jobs
 
 
-def _results(sim, execution, jobs):
-  ex = executor_lib.make_executor(execution, sim.executor.trainer, sim.fed, sim.strategy, sim.executor.clients_key)
+def _results(sim, execution, jobs, width=4):
+  ex = executor_lib.make_executor(execution, sim.executor.trainer, sim.fed, sim.strategy, sim.executor.clients_key,
+                                  width=width)
   for job in jobs:
     ex.submit(job)
   return {job.dispatch.job_id: ex.result(job.dispatch.job_id) for job in jobs}, ex.stats
+
+
+def test_a_vmapped_job_gives_the_same_bits_in_any_company():
+  """Every vmapped call has one width, so a job's result is the same, bit for bit, whichever pending jobs
+  share its call (what a resumed run relies on: it recomputes its in-flight jobs in other company). Checked
+  on jobs computed in three companies: all 7 pending, 3 of them, and each alone (padded to the width)."""
+  sim = runner.Simulation(small_config("fedpsa", partition__method="dirichlet", partition__alpha=0.1,
+                                       local__batch_size=32))
+  jobs = _jobs(sim, 7)
+  together, stats = _results(sim, "vmap", jobs)
+  assert stats.batches < 7 and stats.steps_run % 4 == 0  # shared calls, each 4 wide
+  some, _ = _results(sim, "vmap", [jobs[5], jobs[0], jobs[3]])
+  for job in jobs:
+    alone, _ = _results(sim, "vmap", [job])
+    bits = lambda result: [np.asarray(x) for x in jax.tree.leaves(result)]
+    for got in [alone[job.dispatch.job_id]] + ([some[job.dispatch.job_id]] if job.dispatch.job_id in some else []):
+      assert all(np.array_equal(a, b) for a, b in zip(bits(got), bits(together[job.dispatch.job_id])))
+
 
 
 # FedPAC exercises aux, a local loss and a data-dependent payload; FedPSA's sketch payload is compared in the
@@ -91,6 +108,7 @@ sys.path.insert(0, {tests!r})
 import jax, numpy as np
 from test_execution import TRAINING_TOL, _checksums, _jobs, _results
 from fedpsa_jax.sim import runner
+from fedpsa_jax.config import set_fields
 from helpers import small_config
 from numerics import assert_close
 sim = runner.Simulation(small_config("fedpsa", partition__method="dirichlet", partition__alpha=0.1,
@@ -270,6 +288,7 @@ sys.path.insert(0, {tests!r})
 import jax, numpy as np
 from test_execution import _checksums, _jobs
 from fedpsa_jax.sim import executor as executor_lib, runner
+from fedpsa_jax.config import set_fields
 from helpers import small_config
 sim = runner.Simulation(small_config("fedpsa", partition__method="dirichlet", partition__alpha=0.1,
                                      local__batch_size=32))
@@ -333,3 +352,20 @@ def test_loop_counts_each_second_of_client_compute_once():
   sim.executor._timed = tracked
   sim.run()
   assert depth["spans"] > 2 * sim.client_updates and depth["max"] == 1
+
+
+@pytest.mark.parametrize("method", ["fedpsa", "ca2fl"])
+def test_a_vmap_run_resumes_bit_for_bit(method, tmp_path):
+  """A run killed after a checkpoint and resumed (its in-flight jobs recomputed together, in other calls
+  than the first time) writes what the uninterrupted run writes, bit for bit, under vmap too. (With batches
+  of varying width both of these runs differed in their metrics.)"""
+  from test_checkpoint import outputs, resumable_config
+
+  config = lambda: set_fields(resumable_config(method), {"local.execution": "vmap"})
+  runner.Simulation(config(), str(tmp_path / "whole")).run()
+  first = runner.Simulation(config(), str(tmp_path / "cut"))
+  assert first.execution == "vmap"
+  first.run_until(0.0135)  # past the checkpoint at 0.01 and the evaluations at 0.0125
+  first.close()
+  runner.Simulation(config(), str(tmp_path / "cut")).run()
+  assert outputs(tmp_path / "cut") == outputs(tmp_path / "whole")

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import pytest
 from jax._src import array as jax_array
 
+from fedpsa_jax import io
 from fedpsa_jax.sim import runner
 from helpers import small_config
 
@@ -98,10 +99,56 @@ def test_the_check_catches_a_read_inside_the_loop():
     _guarded_run(sim, 0.02)
 
 
+@contextlib.contextmanager
+def counted_waits():
+  """Within: counts every wait for a device (`jax.block_until_ready` and the array method), outside
+  evaluations (`_guarded_run` allows those)."""
+  waits = []
+  function, method = jax.block_until_ready, jax_array.ArrayImpl.block_until_ready
+
+  def counted_function(x):
+    if _refusing[0]:
+      waits.append(x)
+    return function(x)
+
+  def counted_method(self):
+    if _refusing[0]:
+      waits.append(self)
+    return method(self)
+
+  jax.block_until_ready, jax_array.ArrayImpl.block_until_ready = counted_function, counted_method
+  try:
+    yield waits
+  finally:
+    jax.block_until_ready, jax_array.ArrayImpl.block_until_ready = function, method
+
+
 @pytest.mark.parametrize("method", ["fedbuff", "fedpsa"])
-def test_no_host_read_between_evaluations(method):
-  sim = runner.Simulation(small_config(method, days=0.03))
+@pytest.mark.parametrize("events", [False, True])
+def test_no_host_read_and_no_wait_per_event_between_evaluations(method, events, tmp_path):
+  """Between evaluations the host reads no device value (event lines wait until the evaluation) and waits
+  for a device only to bound its lead (once per round, never per event); output.phase_timing off."""
+  sim = runner.Simulation(small_config(method, days=0.03, output__events=events), str(tmp_path / "run"))
   sim.run_until(0.006)  # past the first compiles and evaluations
-  updates, evaluations = sim.client_updates, len(sim.history)
-  _guarded_run(sim, 0.03)
+  updates, evaluations, rounds = sim.client_updates, len(sim.history), sim.round
+  with counted_waits() as waits:
+    _guarded_run(sim, 0.03)
   assert sim.client_updates > updates + 20 and len(sim.history) > evaluations  # real work, evaluations too
+  assert 0 < len(waits) <= sim.round - rounds < sim.client_updates - updates  # one per round at most
+  assert len(sim.rounds_in_flight) <= runner.ROUNDS_AHEAD
+  sim.finish()
+  if events:  # every update and every round written, deferred or not
+    lines = io.read_events(str(tmp_path / "run"))
+    assert sum(line["type"] == "update" for line in lines) == sim.client_updates
+    assert sum(line["type"] == "round" for line in lines) == sim.round
+    assert all(isinstance(v, (int, float, str, list, type(None))) for line in lines for v in line.values())
+
+
+def test_phase_timing_waits_at_every_event():
+  """The check above would see waits: with output.phase_timing the host waits at every event."""
+  sim = runner.Simulation(small_config("fedbuff", days=0.02, output__phase_timing=True))
+  sim.run_until(0.006)
+  updates = sim.client_updates
+  with counted_waits() as waits:
+    _guarded_run(sim, 0.02)
+  assert len(waits) >= 2 * (sim.client_updates - updates)

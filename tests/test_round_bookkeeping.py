@@ -62,12 +62,21 @@ class Observed:
 
 def _run(method: str, execution: str, workdir, monkeypatch) -> Observed:
   config = _config(method, execution)
-  trained: list[tuple[tuple[int, int], float]] = []  # (key bits, lr) of every local training call
-  train, train_batch = local.LocalTrainer.train, local.LocalTrainer.train_batch
+  trained: list[tuple[tuple[int, int], float]] = []  # (key bits, lr) of every batched local training call
+  trained_ids: list[tuple[int, float]] = []  # (job id, lr) of every loop training call
+  train_batch = local.LocalTrainer.train_batch
+  job_orders, train_in_order = local.LocalTrainer.job_orders, local.LocalTrainer.train_in_order
+  shuffled: list[int] = []  # job ids whose shuffle was drawn and whose training is not issued yet
 
-  def spy_train(self, params, x_all, y_all, index_row, num_samples, lr, key, aux=()):
-    trained.append((tuple(_key_bits(key)[0]), float(lr)))
-    return train(self, params, x_all, y_all, index_row, num_samples, lr, key, aux=aux)
+  def spy_job_orders(self, clients_key, job_id, num_samples, max_samples):
+    # (The loop executor draws a job's shuffle, from fold_in(clients key, job id), right before its training.)
+    assert _key_bits(clients_key)[0].tolist() == _key_bits(seeding.device_key(config.seed, "clients"))[0].tolist()
+    shuffled.append(int(job_id))
+    return job_orders(self, clients_key, job_id, num_samples, max_samples)
+
+  def spy_train_in_order(self, params, x_all, y_all, index_row, num_samples, lr, orders, aux=()):
+    trained_ids.append((shuffled.pop(), float(lr)))
+    return train_in_order(self, params, x_all, y_all, index_row, num_samples, lr, orders, aux=aux)
 
   def spy_train_batch(self, params, x_all, y_all, index_rows, num_samples, lr, keys, total_steps, aux=(), mesh=None):
     for bits, rate, n in zip(_key_bits(keys), np.asarray(lr), np.asarray(num_samples)):
@@ -75,7 +84,8 @@ def _run(method: str, execution: str, workdir, monkeypatch) -> Observed:
         trained.append((tuple(bits), float(rate)))
     return train_batch(self, params, x_all, y_all, index_rows, num_samples, lr, keys, total_steps, aux, mesh)
 
-  monkeypatch.setattr(local.LocalTrainer, "train", spy_train)
+  monkeypatch.setattr(local.LocalTrainer, "job_orders", spy_job_orders)
+  monkeypatch.setattr(local.LocalTrainer, "train_in_order", spy_train_in_order)
   monkeypatch.setattr(local.LocalTrainer, "train_batch", spy_train_batch)
   sim = runner.Simulation(config, str(workdir))
   assert sim.execution == execution
@@ -96,6 +106,8 @@ def _run(method: str, execution: str, workdir, monkeypatch) -> Observed:
   trained_lr: dict[int, list[float]] = collections.defaultdict(list)
   for bits, rate in trained:
     trained_lr[job_of[bits]].append(rate)
+  for job_id, rate in trained_ids:
+    trained_lr[job_id].append(rate)
   events = io.read_jsonl(str(workdir / "events.jsonl"))
   return Observed(updates=[e for e in events if e["type"] == "update"],
                   rounds=[e for e in events if e["type"] == "round"], events=events,

@@ -112,9 +112,18 @@ def test_failed_run_keeps_metrics_and_writes_summary(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("method", ["fedbuff", "fedpsa"])
 def test_summary_accounts_bytes_and_compute(method):
-  """Every update uploads Δ (the model's size) plus the payload; every dispatch downloads the model."""
-  sim = runner.Simulation(small_config(method, days=0.01))
+  """Every update uploads Δ (the model's size) plus the payload; every dispatch downloads the model. Under
+  output.phase_timing the compute phases have their seconds; without it they are null (not timed)."""
+  untimed = runner.Simulation(small_config(method, days=0.01)).run()
+  sim = runner.Simulation(small_config(method, days=0.01, output__phase_timing=True))
   summary = sim.run()
+  assert {k: v for k, v in summary.items() if k not in runner.TIMING_FIELDS} == {
+      k: v for k, v in untimed.items() if k not in runner.TIMING_FIELDS}  # timing changes nothing else
+  phases = ("server_compute_seconds", "client_compute_seconds", "client_payload_seconds", "train_seconds")
+  assert all(untimed[k] is None for k in phases)
+  assert summary["client_payload_seconds"] >= 0 and summary["train_seconds"] == summary["client_compute_seconds"]
+  if method == "fedpsa":
+    assert summary["client_payload_seconds"] > 0
   model_bytes = sum(x.size * 4 for x in jax.tree.leaves(sim.state.params))  # float32 parameters
   extra = 0 if method == "fedbuff" else 4 * sim.config.sensitivity.sketch_dim  # FedPSA: the float32 sketch
   assert summary["client_updates"] > 0

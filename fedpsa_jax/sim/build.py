@@ -108,7 +108,9 @@ def build_run(config: ml_collections.ConfigDict, compiles: CompileCounter | None
       regularizer=strategy.client.regularizer, loop=local.resolve_loop(config.local.loop),
       max_unroll=config.local.max_unroll, loss=strategy.client.loss)
   execution = resolve_execution(config.local.execution)
-  executor = make_executor(execution, trainer, fed, strategy, seeding.device_key(config.seed, "clients"), compiles)
+  executor = make_executor(execution, trainer, fed, strategy, seeding.device_key(config.seed, "clients"), compiles,
+                           phase_timing=config.output.phase_timing, width=config.local.vmap_width,
+                           concurrency=config_lib.concurrency(config))
   lat = config.sim.latency
   latency = LatencyModel(fed.num_clients, lat.distribution, lat.low, lat.high, lat.shape, lat.resample,
                          seeding.host_rng(config.seed, "latency"), slow_fraction=lat.slow_fraction,

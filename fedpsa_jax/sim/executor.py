@@ -13,15 +13,25 @@ Backends (`local.execution`):
   three or more devices the server's device (where the data and the server state live) trains no
   clients: a device runs its work in order, so a server step would otherwise wait behind training.
 - `vmap`: lazy. Dispatched jobs are only recorded; when a result is needed, the pending jobs are
-  bucketed by step count (rounded up to a power of two), each bucket split into batches of
-  power-of-two sizes (binary decomposition: no padding jobs, at most log2(C) + 1 batch shapes), and
-  each batch runs as one vmapped call of `max steps in the batch` steps; steps past a client's own
-  count are masked no-ops.
+  bucketed by step count (rounded up to a power of two), each bucket cut into batches of exactly
+  `width` clients (`local.vmap_width`; the last one filled with inert 0-sample jobs), and each batch
+  runs as one vmapped call of `max steps in the batch` steps; steps past a client's own count are
+  masked no-ops. One width for every call: XLA's results change with a batch's size (on this CPU a
+  linear client's bits were the same in batches of 1-5 and of 8-16, not across), never with its
+  position or its neighbours, so a job's result is a function of its own inputs alone, and a run
+  resumed from a checkpoint (which recomputes its in-flight jobs in other company) repeats an
+  uninterrupted one bit for bit.
 - `sharded`: as `vmap`, with the client axis of each batch split over every local device with
-  `shard_map` (batches padded with inert 0-sample jobs to a multiple of the device count).
+  `shard_map` (the width a multiple of the device count).
 - `auto`: what `benchmarks/throughput.py` measured fastest for the platform (see `resolve_execution`).
 
 Padding waste (masked steps / steps run) and the number of batches are kept in `stats`.
+
+Waiting. The executor never waits for a device unless `phase_timing` asks it to (`output.phase_timing`):
+a result is handed to the server as a not-yet-computed array, and the server step that uses it queues
+behind it on the device. With `phase_timing` on, it waits before and after each piece so that training
+and client payloads get their own wall-clock seconds (`train_seconds`, `stats.payload_seconds`: the
+paper's Fig. 5), at the cost of the overlap of host and device work.
 """
 
 from __future__ import annotations
@@ -101,8 +111,6 @@ class ExecutionStats:
 
 
 _job_keys = jax.jit(jax.vmap(jax.random.fold_in, in_axes=(None, 0)))
-# One compiled call instead of fold_in's eager path (~0.35 ms of host time per job on this CPU).
-_job_key = jax.jit(jax.random.fold_in)
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -114,11 +122,12 @@ def _stack(trees: Sequence[Params]) -> Params:
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
-def batch_sizes(count: int, multiple: int = 1) -> list[int]:
-  """Power-of-two batch sizes (times `multiple`) covering `count` jobs, largest first; the last one
-  may exceed what is left when `multiple` > 1 (filled with inert padding jobs)."""
-  units = -(-count // multiple)
-  return [multiple << bit for bit in reversed(range(units.bit_length())) if units >> bit & 1]
+def vmap_width(requested: int, concurrency: int, devices: int = 1) -> int:
+  """Clients per vmapped call (`local.vmap_width`): `requested`, or for 0 the in-flight count C rounded up
+  to a power of two (every pending job fits one call per step-count bucket); then rounded up to a multiple
+  of `devices` (sharded: each device gets the same share)."""
+  width = requested if requested > 0 else 1 << max(concurrency - 1, 0).bit_length()
+  return -(-width // devices) * devices
 
 
 class ClientExecutor:
@@ -129,9 +138,10 @@ class ClientExecutor:
   execution: str = ""
 
   def __init__(self, trainer: local.LocalTrainer, fed: FederatedData, strategy: strategies.Strategy,
-               clients_key: jax.Array, compiles: CompileCounter | None = None):
+               clients_key: jax.Array, compiles: CompileCounter | None = None, phase_timing: bool = False):
     self.trainer, self.fed, self.strategy, self.clients_key = trainer, fed, strategy, clients_key
     self.compiles = compiles
+    self.phase_timing = phase_timing  # wait for the devices to time training and payloads (module docstring)
     self.results: dict[int, tuple[Params, Any]] = {}
     self.train_seconds = 0.0
     self.stats = ExecutionStats()
@@ -155,7 +165,11 @@ class ClientExecutor:
 
   @contextlib.contextmanager
   def _timed(self):
-    """Counts the host's time in here as client compute (train_seconds), and the compiles in it."""
+    """Counts the host's time in here as client compute (train_seconds), and the compiles in it (only
+    under `phase_timing`: without its waits, that time would be the host's dispatching, not the clients')."""
+    if not self.phase_timing:
+      yield
+      return
     start = time.perf_counter()
     compile_start = self.compiles.seconds if self.compiles else 0.0
     try:
@@ -180,15 +194,18 @@ class ClientExecutor:
                                 num_samples=int(self.fed.client_sizes[client]), aux=job.aux)
 
   def _finish(self, jobs: Sequence[Job], ends: Sequence[Params]) -> None:
-    """Every job's payload and Δ from its trained parameters (loop: one job; vmap/sharded: a batch): the
-    payloads are issued together once the training is done, so that their time is told apart from it."""
-    jax.block_until_ready(ends)
+    """Every job's payload and Δ from its trained parameters (loop: one job; vmap/sharded: a batch). Under
+    `phase_timing` the payloads are issued once the training is done and waited for, so that their time is
+    told apart from it; otherwise nothing here waits."""
+    if self.phase_timing:
+      jax.block_until_ready(ends)
     start = time.perf_counter()
     payload = self.strategy.client.payload
     payloads = [payload(job.params_start, end, self._client_job(job)) if payload is not None else ()
                 for job, end in zip(jobs, ends)]
-    jax.block_until_ready(payloads)
-    self.stats.payload_seconds += time.perf_counter() - start
+    if self.phase_timing:
+      jax.block_until_ready(payloads)
+      self.stats.payload_seconds += time.perf_counter() - start
     for job, end, payload in zip(jobs, ends, payloads):
       self.results[job.dispatch.job_id] = (tree_sub(end, job.params_start), payload)
 
@@ -199,8 +216,8 @@ class LoopExecutor(ClientExecutor):
   execution = "loop"
 
   def __init__(self, trainer: local.LocalTrainer, fed: FederatedData, strategy: strategies.Strategy,
-               clients_key: jax.Array, compiles: CompileCounter | None = None):
-    super().__init__(trainer, fed, strategy, clients_key, compiles)
+               clients_key: jax.Array, compiles: CompileCounter | None = None, phase_timing: bool = False):
+    super().__init__(trainer, fed, strategy, clients_key, compiles, phase_timing)
     # Each client device holds its own copy of the data, made once here.
     self.devices = client_devices("loop", self.home)
     self.issued: dict[int, tuple[Job, Params, jax.Device]] = {}  # job id -> (job, trained params, device)
@@ -211,6 +228,7 @@ class LoopExecutor(ClientExecutor):
     # gather (~0.2 ms of host time per job).
     self.device_rows = {d: self.client_rows if d == self.home else list(data[2])
                         for d, data in self.device_data.items()}
+    self.max_samples = int(fed.client_indices.shape[1])  # the width of an index row
 
   def submit(self, job: Job) -> None:
     """Issues the job's training now, on the client device with the least work so far (the host does not
@@ -224,7 +242,8 @@ class LoopExecutor(ClientExecutor):
     """(Δ, payload) of a job, once its training is done."""
     with self._timed():
       job, end, device = self.issued.pop(job_id)
-      self._block_home()  # the payload below runs there: its time must not include queued training
+      if self.phase_timing:
+        self._block_home()  # the payload below runs there: its time must not include queued training
       self._finish([job], [end if device == self.home else jax.device_put(end, self.home)])
     return self.results.pop(job_id)
 
@@ -244,12 +263,13 @@ class LoopExecutor(ClientExecutor):
     client = job.dispatch.client
     steps = self.steps_of(job)
     x_all, y_all, _ = self.device_data[device]
-    key = _job_key(self.clients_key, np.uint32(job.dispatch.job_id))
-    params, key, aux = (job.params_start, key, job.aux) if device == self.home else \
-        jax.device_put((job.params_start, key, job.aux), device)
-    params_end = self.trainer.train(params, x_all, y_all, self.device_rows[device][client],
-                                    int(self.fed.client_sizes[client]),
-                                    job.lr, key, aux=aux)
+    num_samples = int(self.fed.client_sizes[client])
+    # The job's shuffle is drawn where its key lives (the server's device) and travels with its parameters.
+    orders = self.trainer.job_orders(self.clients_key, job.dispatch.job_id, num_samples, self.max_samples)
+    params, orders, aux = (job.params_start, orders, job.aux) if device == self.home else \
+        jax.device_put((job.params_start, orders, job.aux), device)
+    params_end = self.trainer.train_in_order(params, x_all, y_all, self.device_rows[device][client], num_samples,
+                                             job.lr, orders, aux=aux)
     self.stats.batches += 1
     self.stats.jobs += 1
     self.stats.steps_needed += steps
@@ -264,10 +284,13 @@ class BatchedExecutor(ClientExecutor):
 
   def __init__(self, trainer: local.LocalTrainer, fed: FederatedData, strategy: strategies.Strategy,
                clients_key: jax.Array, compiles: CompileCounter | None = None,
-               mesh: jax.sharding.Mesh | None = None):
-    super().__init__(trainer, fed, strategy, clients_key, compiles)
+               mesh: jax.sharding.Mesh | None = None, phase_timing: bool = False, width: int = 8):
+    super().__init__(trainer, fed, strategy, clients_key, compiles, phase_timing)
     self.execution = "vmap" if mesh is None else "sharded"
     self.mesh = mesh
+    if mesh is not None and width % mesh.devices.size:
+      raise ValueError(f"width={width} is invalid with {mesh.devices.size} devices; allowed: a multiple of it")
+    self.width = width  # clients in every vmapped call (module docstring: why one width)
     self.pending: dict[int, Job] = {}
     self.x_all, self.y_all = fed.x_train, fed.y_train
     if mesh is not None:
@@ -290,7 +313,8 @@ class BatchedExecutor(ClientExecutor):
   def _compute_pending(self) -> None:
     jobs = [job for _, job in sorted(self.pending.items())]
     self._batched(jobs)
-    jax.block_until_ready(list(self.results.values()))
+    if self.phase_timing:
+      jax.block_until_ready(list(self.results.values()))
     self.pending.clear()
 
   def _batched(self, jobs: list[Job]) -> None:
@@ -300,18 +324,17 @@ class BatchedExecutor(ClientExecutor):
     for job in sorted(jobs, key=lambda j: (steps[j.dispatch.job_id], j.dispatch.job_id)):
       s = steps[job.dispatch.job_id]
       buckets.setdefault(1 << max(s - 1, 0).bit_length(), []).append(job)
-    multiple = self.mesh.devices.size if self.mesh is not None else 1
     for bucket in buckets.values():
       bucket = bucket[::-1]  # longest first, so each batch holds the most similar step counts
-      for size in batch_sizes(len(bucket), multiple):
-        batch, bucket = bucket[:size], bucket[size:]
-        self._run_batch(batch, size, max(steps[j.dispatch.job_id] for j in batch))
+      while bucket:
+        batch, bucket = bucket[:self.width], bucket[self.width:]
+        self._run_batch(batch, self.width, max(steps[j.dispatch.job_id] for j in batch))
         self.stats.steps_needed += sum(steps[j.dispatch.job_id] for j in batch)
         self.stats.samples_needed += sum(self.samples_of(j) for j in batch)
 
   def _run_batch(self, batch: list[Job], size: int, total_steps: int) -> None:
     real = len(batch)
-    padded = batch + [batch[0]] * (size - real)  # inert copies (0 samples): shard_map needs size % devices == 0
+    padded = batch + [batch[0]] * (size - real)  # inert copies (0 samples): every call has the same width
     clients = np.array([j.dispatch.client for j in padded])
     sizes = np.array([self.fed.client_sizes[c] for c in clients], np.int32)
     sizes[real:] = 0
@@ -334,13 +357,17 @@ class BatchedExecutor(ClientExecutor):
 
 
 def make_executor(execution: str, trainer: local.LocalTrainer, fed: FederatedData, strategy: strategies.Strategy,
-                  clients_key: jax.Array, compiles: CompileCounter | None = None) -> ClientExecutor:
-  """The backend `execution` names (`loop`, `vmap` or `sharded`; resolve `auto` first)."""
+                  clients_key: jax.Array, compiles: CompileCounter | None = None,
+                  phase_timing: bool = False, width: int = 0, concurrency: int = 1) -> ClientExecutor:
+  """The backend `execution` names (`loop`, `vmap` or `sharded`; resolve `auto` first); `width` and
+  `concurrency` give vmap/sharded's clients per call (`vmap_width`)."""
   if execution == "loop":
-    return LoopExecutor(trainer, fed, strategy, clients_key, compiles)
+    return LoopExecutor(trainer, fed, strategy, clients_key, compiles, phase_timing)
   if execution == "vmap":
-    return BatchedExecutor(trainer, fed, strategy, clients_key, compiles)
+    return BatchedExecutor(trainer, fed, strategy, clients_key, compiles, phase_timing=phase_timing,
+                           width=vmap_width(width, concurrency))
   if execution == "sharded":
-    return BatchedExecutor(trainer, fed, strategy, clients_key, compiles,
-                           mesh=jax.sharding.Mesh(np.array(jax.local_devices()), ("clients",)))
+    mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("clients",))
+    return BatchedExecutor(trainer, fed, strategy, clients_key, compiles, mesh=mesh, phase_timing=phase_timing,
+                           width=vmap_width(width, concurrency, mesh.devices.size))
   raise ValueError(f"local.execution={execution!r} is invalid; allowed: {', '.join(EXECUTIONS)}")

@@ -24,6 +24,7 @@ apart from `TIMING_FIELDS` (wall-clock times, compiles, how the executor batched
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import math
@@ -46,7 +47,7 @@ from fedpsa_jax.sim.executor import Job
 from fedpsa_jax.sim.loop_state import LoopState
 from fedpsa_jax.sim.recorder import Recorder
 from fedpsa_jax.sim.scheduler import Dispatch
-from fedpsa_jax.tree_util import tree_bytes
+from fedpsa_jax.tree_util import to_host, tree_bytes
 
 Params = Any
 _log = logging.getLogger(__name__)
@@ -56,6 +57,13 @@ _log = logging.getLogger(__name__)
 TIMING_FIELDS = ("wall_seconds", "train_seconds", "client_updates_per_second", "client_compute_seconds",
                  "server_compute_seconds", "client_payload_seconds", "compiles", "compile_seconds",
                  "padding_waste", "execution_batches")
+# The host runs ahead of the devices (nothing between evaluations waits for them) by at most this many
+# rounds: each round in flight holds its updates' buffers, so an unbounded lead could fill an accelerator's
+# memory between two evaluations. Two keep the devices fed: the host's work per round is far below theirs.
+ROUNDS_AHEAD = 2
+# Event lines wait in memory (with their device values, read once for all) until the next evaluation,
+# checkpoint or end, or until this many are pending.
+EVENTS_PENDING = 4096
 
 
 def _num_params(config: ml_collections.ConfigDict, dataset: Any) -> int:
@@ -111,6 +119,9 @@ class Simulation:
     self.loop = LoopState()
     self.jobs: dict[int, Job] = {}  # in flight, by job id
     self.history: list[dict] = []  # metrics.jsonl's records
+    self.pending_events: list[dict] = []  # events.jsonl lines not yet written (`_write_events`)
+    self.rounds_in_flight: collections.deque = collections.deque()  # recent rounds' states (ROUNDS_AHEAD)
+    self.phase_timing = bool(config.output.phase_timing)
     self.resumed_from: int | None = None  # virtual time of the checkpoint this run continued from
     self.recorder = Recorder(workdir, config, rundir=rundir)
     try:
@@ -183,22 +194,31 @@ class Simulation:
           client=client, num_samples=int(self.fed.client_sizes[client]),
           staleness=loop.round - job.dispatch_round, dispatch_round=job.dispatch_round,
           params_start=job.params_start, delta=delta, payload=payload, arrival_time=t))
-    self.executor.wait_for_home()  # (so that the server step's time below is its own)
-    start = time.perf_counter()
-    self.state, changed = self.strategy.receive(self.state, arrivals)
-    # The server step's own time (summary: server_compute_seconds, paper Fig. 5) needs this wait; it costs
-    # only the overlap of the server step with the host's bookkeeping of this event.
-    jax.block_until_ready(self.state)
-    loop.server_seconds += time.perf_counter() - start
+    if self.phase_timing:  # the server step's own time (server_compute_seconds, paper Fig. 5)
+      self.executor.wait_for_home()
+      start = time.perf_counter()
+      self.state, changed = self.strategy.receive(self.state, arrivals)
+      jax.block_until_ready(self.state)
+      loop.server_seconds += time.perf_counter() - start
+    else:
+      self.state, changed = self.strategy.receive(self.state, arrivals)
     loop.client_updates += len(arrivals)
     loop.bytes_uploaded += sum(self.strategy.upload_bytes(a) for a in arrivals)
     if self.recorder.wants_events:
       self._log_events(jobs, arrivals, changed)
     if changed:
       loop.round += 1
+      self._bound_lead()
     self.scheduler.after_receive(t, [a.client for a in arrivals], changed)
     if changed and self.config.eval.every_round:
       self._log_eval(t)
+
+  def _bound_lead(self) -> None:
+    """Keeps the host at most ROUNDS_AHEAD rounds ahead of the devices: it waits for the state of the
+    round that many rounds back (done long ago, unless the devices are the bottleneck)."""
+    self.rounds_in_flight.append(self.state)
+    if len(self.rounds_in_flight) > ROUNDS_AHEAD:
+      jax.block_until_ready(self.rounds_in_flight.popleft())
 
   # --- outputs --------------------------------------------------------------------------------------
 
@@ -206,13 +226,14 @@ class Simulation:
     loop = self.loop
     if self.history and self.history[-1]["time"] == t:
       return
+    self._write_events()
     models = self.strategy.eval_models(self.state)
     params = models.params
     record = {"time": t, "day": t / config_lib.UNITS_PER_DAY, "round": loop.round,
               "client_updates": loop.client_updates, **self.evaluate(params), "lr": self.lr,
               "bytes_uploaded": loop.bytes_uploaded, "bytes_downloaded": loop.bytes_downloaded,
               "wall_seconds": time.perf_counter() - self.wall_start,
-              "train_seconds": self.executor.train_seconds,
+              "train_seconds": self.executor.train_seconds if self.phase_timing else None,
               **self.strategy.diagnostics(self.state)}
     if self.personal_evaluate is not None:
       personal = models.personal if models.personal is not None else [params]
@@ -220,6 +241,7 @@ class Simulation:
                     else np.zeros(self.fed.num_clients, np.int64))
       record["personalized_accuracy"] = self.personal_evaluate(personal, assignment)
     record.update(models.records)
+    record = to_host(record)  # (the strategy's values may be device arrays: one read for all)
     self.history.append(record)
     self.recorder.metrics(record)
     if self.config.stop_on_nan and not (math.isfinite(record["test_loss"]) and metrics.tree_is_finite(params)):
@@ -232,7 +254,8 @@ class Simulation:
 
   def _log_events(self, jobs: list[Job], arrivals: list[strategies.Arrival], changed: bool) -> None:
     """One line per received update and, when a round happened, one line for the round. An update's `lr` is
-    the one its job was dispatched (and trained) with."""
+    the one its job was dispatched (and trained) with. The lines wait in `pending_events`, device values
+    and all, until `_write_events` reads them at once: the host does not wait for a device per event."""
     records = self.strategy.event_records(self.state, arrivals)
     lines = [{"type": "update", "client": job.dispatch.client, "job_id": job.dispatch.job_id,
               "dispatch_time": job.dispatch.dispatch_time, "arrival_time": job.dispatch.arrival_time,
@@ -241,20 +264,30 @@ class Simulation:
     if changed:
       lines.append({"type": "round", "time": self.loop.now, "round": self.loop.round + 1,
                     **self.strategy.diagnostics(self.state)})
-    self.recorder.events(lines)
+    self.pending_events += lines
+    if len(self.pending_events) >= EVENTS_PENDING:
+      self._write_events()
+
+  def _write_events(self) -> None:
+    """Writes the pending event lines (one host read of all their device values)."""
+    if self.pending_events:
+      lines, self.pending_events = to_host(self.pending_events), []
+      self.recorder.events(lines)
 
   def summary(self) -> dict:
     """summary.json of the run so far (`metrics.summarize` of the history and the loop state)."""
     wall = time.perf_counter() - self.wall_start
     stats = self.executor.stats
+    timed = self.phase_timing  # (else the phases were not timed apart: null, not a misleading host time)
     accounting = {
-        "wall_seconds": wall, "train_seconds": self.executor.train_seconds,
+        "wall_seconds": wall, "train_seconds": self.executor.train_seconds if timed else None,
         # Client compute = local training plus client payloads (train_seconds).
-        "client_compute_seconds": self.executor.train_seconds,
+        "client_compute_seconds": self.executor.train_seconds if timed else None,
+        "server_compute_seconds": self.loop.server_seconds if timed else None,
         # How client updates ran (local.execution): the backend, the share of SGD steps that were
         # padding (masked steps of batched jobs), the batched calls, and the XLA compiles of the run.
         "execution": self.execution, "padding_waste": stats.padding_waste, "execution_batches": stats.batches,
-        "compiles": self.compiles.count, "client_payload_seconds": stats.payload_seconds,
+        "compiles": self.compiles.count, "client_payload_seconds": stats.payload_seconds if timed else None,
         "compile_seconds": self.compiles.seconds,
     }
     identity = {"method": self.config.method, "dataset": self.config.data.name, "model": self.config.model.name,
@@ -275,6 +308,7 @@ class Simulation:
     # The end checkpoint lets a rerun return at once, and a larger sim.virtual_days extend the run.
     if self.recorder.checkpoints and loop.now > loop.last_checkpoint:
       self.save_checkpoint(loop.now)
+    self._write_events()
     self.recorder.close_progress()
     summary = self.summary()
     self.recorder.write_summary(summary)
@@ -301,6 +335,7 @@ class Simulation:
     self.loop.status = "interrupted" if interrupted else "failed"
     self.recorder.close_progress()
     try:
+      self._write_events()  # (what happened before the stop is kept)
       summary = self.summary()
       if interrupted:
         summary["interrupted_by"] = err.signal_name if isinstance(err, errors.Interrupted) else "SIGINT"
@@ -322,6 +357,7 @@ class Simulation:
   def save_checkpoint(self, step: int) -> None:
     """Saves the run at virtual time `step` (an evaluation time, or the end) so it continues exactly."""
     loop = self.loop
+    self._write_events()  # (before the positions: the checkpoint counts every line so far)
     loop.train_seconds = self.executor.train_seconds
     loop.wall_seconds = time.perf_counter() - self.wall_start
     loop.last_checkpoint = step
@@ -379,4 +415,5 @@ def summary_line(summary: dict) -> str:
           f"{summary['aulc']:.4f} acc-days ({summary['aulc_per_day']:.4f}/day) over "
           f"{summary['virtual_days']:.3f} days; {summary['rounds']} rounds, {summary['client_updates']} "
           f"client updates in {summary['wall_seconds']:.1f} s "
-          f"({summary['client_updates_per_second']:.2f}/s, {summary['train_seconds']:.1f} s training)")
+          f"({summary['client_updates_per_second']:.2f}/s"
+          + (f", {summary['train_seconds']:.1f} s training)" if summary.get("train_seconds") is not None else ")"))
