@@ -76,7 +76,7 @@ def sample_snapshot() -> dict:
   params = {"params": {"w": jnp.arange(6.0).reshape(3, 2), "b": jnp.zeros(2, jnp.bfloat16)}}
   state = FedPSAState(params=params, global_sketch=jnp.arange(4.0), queue=jnp.full(5, 0.1),
                       m0=jnp.float32(0.0), temperature=jnp.float32(5.5), deltas=(params, params),
-                      kappas=(jnp.float32(0.25),), queue_count=7)
+                      sketches=(jnp.full(4, 0.25),), queue_count=7)
   snapshot = {"state": state, "caches": {3: params, 11: params}, "key": jax.random.key(3),
               "host": np.arange(3, dtype=np.int16), "floats": (0.1, float("nan"), -float("inf"), np.float32(0.1)),
               "pair": Pair(1, [True, None, "s"]), "rng": np.random.default_rng(5).bit_generator.state}
@@ -86,8 +86,8 @@ def sample_snapshot() -> dict:
 def test_snapshot_roundtrip_keeps_every_kind_of_node_bit_for_bit():
   snapshot = sample_snapshot()
   skeleton, arrays, info = checkpoint.encode(snapshot)
-  # Each distinct array is stored once, however often it is referenced: w, b, the sketch, queue, m0,
-  # temperature, one κ, the key's data and the host array.
+  # Each distinct array is stored once, however often it is referenced: w, b, the global sketch, queue, m0,
+  # temperature, one buffered client sketch, the key's data and the host array.
   assert len(arrays) == 9
   back = checkpoint.decode(json.loads(json.dumps(skeleton)), arrays, info)
   assert type(back["state"]) is FedPSAState and back["state"].queue_count == 7

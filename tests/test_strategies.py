@@ -153,15 +153,15 @@ class RefFedPSA:
     self.pushes = 0
     self.m0 = None
     self.temp = gamma + delta
-    self.buffer = []  # (Δ as numpy tree, κ)
-    self.last_weights = None
+    self.buffer = []  # (Δ as numpy tree, κ, m)
+    self.last_weights = self.last_kappas = self.last_norms = None
 
   def receive(self, arrivals, global_sketch):
     for a in arrivals:
       d = _np_tree(a.delta)
-      kappa = _cos(a.payload, global_sketch)
-      self.buffer.append((d, kappa))
-      self.queue.append(float(np.sum(_flat(d) ** 2)))
+      kappa, m = _cos(a.payload, global_sketch), float(np.sum(_flat(d) ** 2))
+      self.buffer.append((d, kappa, m))
+      self.queue.append(m)
       self.pushes += 1
       if self.pushes == self.lq:
         self.m0 = float(np.mean(self.queue))
@@ -169,15 +169,16 @@ class RefFedPSA:
         self.temp = float(np.mean(self.queue)) / self.m0 * self.gamma + self.delta
     if len(self.buffer) < self.ls:
       return False
-    kappas = np.array([k for _, k in self.buffer])
+    kappas = np.array([k for _, k, _ in self.buffer])
     if self.no_temperature or self.pushes >= self.lq:
       weights = _softmax(kappas / self.temp)
     else:
       weights = np.full(len(kappas), 1.0 / len(kappas))
-    deltas = [d for d, _ in self.buffer]
+    deltas = [d for d, _, _ in self.buffer]
     self.params = jax.tree.map(lambda w, *ds: w + sum(wt * di for wt, di in zip(weights, ds)),
                                self.params, *deltas)
-    self.last_weights = weights
+    self.last_weights, self.last_kappas = weights, kappas
+    self.last_norms = np.array([m for _, _, m in self.buffer])
     self.buffer = []
     return True
 
@@ -225,6 +226,8 @@ def test_fedpsa_uniform_for_several_flushes_then_softmax_once_queue_full():
 
 
 def test_fedpsa_m0_fixed_at_first_fill_while_queue_rolls():
+  # L_s = 2, L_q = 3: the queue first fills in the middle of the second round (push 3 of 4), so M0 is the mean
+  # of the first three norms, not of the queue as the round leaves it. The thermometer is updated at flushes.
   lq = 3
   gamma, delta = 2.0, 0.3
   strategy, state = _fedpsa(buffer_size=2, queue_length=lq, gamma=gamma, delta=delta)
@@ -235,7 +238,14 @@ def test_fedpsa_m0_fixed_at_first_fill_while_queue_rolls():
     state = state.replace(global_sketch=g)
     d = _random_like(PARAMS0, rng, 0.05 * (step + 1))  # growing norms, so every window differs
     norms.append(float(np.sum(_flat(_np_tree(d)) ** 2)))
-    state, _ = strategy.receive(state, [_arrival(step, d, jnp.asarray(rng.normal(size=K_SKETCH)))])
+    before = state
+    state, changed = strategy.receive(state, [_arrival(step, d, jnp.asarray(rng.normal(size=K_SKETCH)))])
+    assert changed == (step % 2 == 1)
+    if not changed:  # no flush: the thermometer is the last flush's, untouched
+      assert state.queue is before.queue and state.m0 is before.m0 and state.temperature is before.temperature
+      assert state.queue_count == before.queue_count == 2 * (step // 2)
+      continue
+    assert state.queue_count == step + 1
     if step + 1 < lq:
       assert float(state.m0) == 0.0
       np.testing.assert_allclose(float(state.temperature), gamma + delta, rtol=1e-6)
@@ -246,8 +256,8 @@ def test_fedpsa_m0_fixed_at_first_fill_while_queue_rolls():
     np.testing.assert_allclose(np.sort(np.asarray(state.queue)), np.sort(norms[-lq:]), rtol=1e-5)
     m_cur = np.mean(norms[-lq:])
     np.testing.assert_allclose(float(state.temperature), m_cur / m0 * gamma + delta, rtol=1e-5)
-  # After 9 pushes the window has moved well away from the first fill.
-  assert np.mean(norms[-lq:]) > 5 * np.mean(norms[:lq])
+  # After 8 pushes the window has moved well away from the first fill.
+  assert np.mean(norms[-lq - 1:-1]) > 5 * np.mean(norms[:lq])
 
 
 def test_fedpsa_softmax_weights_and_params_after_queue_full():
@@ -286,29 +296,41 @@ def test_fedpsa_softmax_weights_and_params_after_queue_full():
 
 
 def test_fedpsa_matches_reference_on_random_sequence():
+  # The reference updates its thermometer per arrival; the strategy defers all of it to the flush. Params must
+  # agree after every receive (unchanged between flushes) and the thermometer, κ, m and weights at each flush.
   ls, lq, gamma, delta = 3, 4, 0.8, 0.1
   strategy, state = _fedpsa(buffer_size=ls, queue_length=lq, gamma=gamma, delta=delta)
   ref = RefFedPSA(PARAMS0, ls, lq, gamma, delta)
   rng = np.random.default_rng(4)
   g = rng.normal(size=K_SKETCH)
   state = state.replace(global_sketch=jnp.asarray(g, jnp.float32))
-  flushes = 0
+  flushes, filled_at = 0, None
   for step in range(25):
     group = [_arrival(10 * step + j, _random_like(PARAMS0, rng, rng.uniform(0.01, 0.3)),
                       jnp.asarray(rng.normal(size=K_SKETCH), jnp.float32))
              for j in range(int(rng.integers(1, 4)))]
+    params_before = state.params
     state, changed = strategy.receive(state, group)
     assert changed == ref.receive(group, g)
-    if ref.m0 is not None:
-      np.testing.assert_allclose(float(state.m0), ref.m0, rtol=1e-5)
-    np.testing.assert_allclose(float(state.temperature), ref.temp, rtol=1e-5)
     _close(state.params, ref.params)
-    if changed:
-      flushes += 1
-      np.testing.assert_allclose(np.asarray(state.last_weights), ref.last_weights, rtol=1e-5)
-      g = rng.normal(size=K_SKETCH)  # a new global sketch for the next round, set in both
-      state = state.replace(global_sketch=jnp.asarray(g, jnp.float32))
+    if not changed:
+      assert state.params is params_before
+      continue
+    flushes += 1
+    filled_at = ref.pushes if filled_at is None and ref.m0 is not None else filled_at
+    assert state.queue_count == ref.pushes
+    np.testing.assert_allclose(float(state.m0), 0.0 if ref.m0 is None else ref.m0, rtol=1e-5)
+    queue = list(ref.queue) + [0.0] * (lq - len(ref.queue))  # (the ring starts as zeros)
+    np.testing.assert_allclose(np.sort(np.asarray(state.queue)), np.sort(queue), rtol=1e-5)
+    np.testing.assert_allclose(float(state.temperature), ref.temp, rtol=1e-5)
+    assert_close(state.last_kappas, ref.last_kappas, f32_tolerance(K_SKETCH))
+    np.testing.assert_allclose(np.asarray(state.last_norms), ref.last_norms, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(state.last_weights), ref.last_weights, rtol=1e-5)
+    g = rng.normal(size=K_SKETCH)  # a new global sketch for the next round, set in both
+    state = state.replace(global_sketch=jnp.asarray(g, jnp.float32))
   assert flushes >= 8
+  # The queue first filled inside a round (not at its last push): M0 then differs from the queue's mean at the flush.
+  assert filled_at > lq
 
 
 def test_fedpsa_changed_only_at_flush_and_state_after_flush():
@@ -321,9 +343,9 @@ def test_fedpsa_changed_only_at_flush_and_state_after_flush():
     state, changed = strategy.receive(state, [a])
     assert changed == (i == 2)
     if not changed:
-      assert len(state.deltas) == i + 1 and len(state.kappas) == i + 1
+      assert len(state.deltas) == i + 1 and state.sketches == tuple(a.payload for a in arrivals[:i + 1])
       _close(state.params, w)
-  assert state.deltas == () and state.kappas == ()
+  assert state.deltas == () and state.sketches == ()
   new = jax.tree.map(lambda a, *ds: a + sum(ds) / 3, w, *[_np_tree(a.delta) for a in arrivals])
   _close(state.params, new)
   # The global sketch is refreshed: Eq. 8 sensitivity of the new params, sketched with R, by hand.
@@ -361,7 +383,7 @@ def test_fedpsa_same_time_overflow_aggregated_at_once():
   np.testing.assert_allclose(np.asarray(state.last_weights), np.full(4, 0.25), rtol=1e-6)
   deltas = [_np_tree(a.delta) for a in [first, *group]]
   _close(state.params, jax.tree.map(lambda a, *ds: a + sum(ds) / 4, w, *deltas))
-  assert state.deltas == () and state.kappas == ()
+  assert state.deltas == () and state.sketches == ()
 
 
 def test_fedpsa_overflow_with_softmax_weights():

@@ -5,12 +5,23 @@ s = |g ⊙ θ − ½ F ⊙ θ²| on the shared calibration batch D_b (g: mean gr
 diagonal from per-sample gradients, Eq. 6), sketched as s̃ = R s with one R ∈ R^{k×d}, entries
 N(0, 1/k), for the whole run (Eq. 11). It sends (Δ, s̃).
 
-Server, per arrival: κ = cos(s̃_i, s̃_g) (Eq. 12), s̃_g the sketch of the current global model
-(computed once per round, cached in the state); (Δ, κ) enters the buffer; m = ||Δ||² (Eq. 16) enters
+Server (Algorithm 1 as written, per arrival): κ = cos(s̃_i, s̃_g) (Eq. 12), s̃_g the sketch of the current
+global model (computed once per round, cached in the state); (Δ, κ) enters the buffer; m = ||Δ||² (Eq. 16) enters
 the thermometer queue Q of length L_q (oldest dropped). M0 = mean(Q) when Q first fills;
 Temp = (M_cur / M0) γ + δ (Eqs. 17-18). When the buffer holds at least L_s updates:
 weights = softmax(κ / Temp) (Eq. 19) — uniform 1/|buffer| while Q has never been full — and
 w ← w + Σ weight_i Δ_i (Eq. 20); the buffer is cleared.
+
+How it runs: one jitted call per round, however many updates arrive. s̃_g changes only at a flush, so every
+κ of a round is taken against the same sketch; Q, M0 and Temp are read only at the flush (Temp as left by the
+round's last push). So a receive without a flush only appends (Δ_i, s̃_i) to the buffer, with no device work,
+and the flush (`_aggregate`) computes, in arrival order, every κ_i and m_i, the queue pushes, M0 if the queue
+fills this round, Temp, the weights, the new w and its sketch s̃_g. The aggregation is that of the per-arrival
+description (same queue, M0 and Temp at each flush); what differs is what the state shows between flushes:
+`queue`, `queue_count`, `m0` and `temperature` (and so `diagnostics`' thermometer) are those of the last flush.
+`event_records` (events.jsonl only) takes a flush's κ_i and m_i from the state (`last_kappas`, `last_norms`) and
+computes those of updates still buffered in one small call; it and `diagnostics` return device arrays, which
+the runner reads when it writes them.
 
 Ablations (the paper's Table 6, Sec. 6.4), and how they are read here. The paper names what each removes
 but not what replaces it; these readings are ours:
@@ -48,12 +59,13 @@ import jax
 import jax.flatten_util
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from fedpsa_jax import seeding, sensitivity
 from fedpsa_jax.data.calibration import gaussian_batch
 from fedpsa_jax.strategies.base import Arrival, ClientSide, Strategy, register
 from fedpsa_jax.strategies.common import buffer_size, section_errors
-from fedpsa_jax.tree_util import apply_weighted, squared_norm
+from fedpsa_jax.tree_util import squared_norm, tree_add_scaled
 from fedpsa_jax.validation import boolean, integer, is_number, number
 
 Params = Any
@@ -63,18 +75,19 @@ Params = Any
 class FedPSAState:
   params: Params
   global_sketch: jax.Array  # s̃_g of the current global model (Eq. 11), refreshed after each round
+  # The thermometer as of the last flush (the pushes of buffered updates happen at the next one):
   queue: jax.Array  # [L_q] ring buffer of recent ||Δ||² (Eq. 16)
   m0: jax.Array  # M0: the queue's mean when it first filled (0 before)
-  temperature: jax.Array  # the latest Temp (Eq. 18)
+  temperature: jax.Array  # Temp (Eq. 18) of the last flush (the initial or fixed Temp before one)
   deltas: tuple = ()  # buffered Δ_i
-  kappas: tuple = ()  # buffered κ_i (device scalars)
-  queue_count: int = flax.struct.field(pytree_node=False, default=0)  # pushes so far (host)
+  sketches: tuple = ()  # buffered client sketches s̃_i (their κ is computed at the flush)
+  queue_count: int = flax.struct.field(pytree_node=False, default=0)  # pushes up to the last flush (host)
   last_kappas: jax.Array | None = None  # κ of the last flush (diagnostics)
   last_weights: jax.Array | None = None  # weights of the last flush (diagnostics)
+  last_norms: jax.Array | None = None  # m_i = ||Δ_i||² of the last flush (event records)
   last_alignments: jax.Array | None = None  # align_i of the last receive's arrivals (log_alignment only)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3))
 def temperature(queue: jax.Array, m0: jax.Array, gamma: float, delta: float) -> jax.Array:
   """Eqs. 17-18: Temp = (M_cur / M0) γ + δ with M_cur the mean of the (full) queue."""
   return jnp.mean(queue) / jnp.maximum(m0, jnp.finfo(jnp.float32).tiny) * gamma + delta  # M0 = 0 only if every Δ was 0
@@ -87,22 +100,67 @@ def fixed_temperature(hparams: ml_collections.ConfigDict) -> float:
   return float(fixed) if fixed > 0 else float(hparams.gamma + hparams.delta)
 
 
-@functools.partial(jax.jit, static_argnums=2)
-def flush_weights(kappas: jax.Array, temp: jax.Array, use_softmax: bool) -> jax.Array:
-  """Eq. 19: softmax(κ / Temp) over the buffer, or uniform weights before the thermometer is ready.
-
-  Uniform weights are written as the softmax of zeros selected from κ's shape (exactly 1/n), so that
-  both branches return an array that depends on κ: it then lives, committed or not, where κ does, and
-  the aggregation step it feeds compiles once (a constant output would be uncommitted)."""
+def flush_weights(kappas: jax.Array, temp: jax.Array, use_softmax: jax.Array) -> jax.Array:
+  """Eq. 19: softmax(κ / Temp) over the buffer, or uniform weights (exactly 1/n: the softmax of zeros) before
+  the thermometer is ready. `use_softmax` is traced, so that both phases share one compiled round."""
   return jax.nn.softmax(jnp.where(use_softmax, kappas / temp, 0.0))
 
 
+def _kappas_and_norms(sketches: Sequence[jax.Array], deltas: Sequence[Params],
+                      global_sketch: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """[n] κ_i = cos(s̃_i, s̃_g) (Eq. 12) and [n] m_i = ||Δ_i||² (Eq. 16), in arrival order."""
+  kappas = sensitivity.cosine_similarity(jnp.stack(sketches), global_sketch)
+  return kappas, jnp.stack([squared_norm(d) for d in deltas])
+
+
+def _push(queue: jax.Array, m0: jax.Array, norms: jax.Array, start: jax.Array,
+          fill_index: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The thermometer after pushing `norms` one by one at ring positions start, start + 1, ... (Eq. 16), and
+  M0 = mean(Q) taken right after push number `fill_index` (the L_q-th push of the run; −1: not this round).
+
+  One push at a time (not one scatter): a round may push more than L_q values, whose ring positions repeat,
+  and the later must win."""
+  length = queue.shape[0]
+  for i in range(norms.shape[0]):
+    queue = queue.at[(start + i) % length].set(norms[i])
+    m0 = jnp.where(fill_index == i, jnp.mean(queue), m0)  # Algorithm 1 line 20: M0 fixed at the first fill
+  return queue, m0
+
+
+@functools.partial(jax.jit, static_argnames=("sketch_of", "gamma", "delta"))
+def _aggregate(params: Params, deltas: tuple, sketches: tuple, global_sketch: jax.Array, queue: jax.Array,
+               m0: jax.Array, temp: jax.Array, start: jax.Array, fill_index: jax.Array, queue_full: jax.Array,
+               use_softmax: jax.Array, sketch_inputs: tuple, *, sketch_of, gamma: float,
+               delta: float) -> dict[str, Any]:
+  """One FedPSA round in one compiled call: Eqs. 12 and 16 for every buffered update (in arrival order), the
+  queue pushes and M0, Temp (Eq. 18, when `queue_full`; otherwise `temp` stays), the weights (Eq. 19), the new
+  global model (Eq. 20) and its sketch s̃_g (Eq. 11, `sketch_of(params, *sketch_inputs)`).
+
+  The ring position `start`, `fill_index` and the switches are traced, so the call compiles once per buffer
+  length; R and D_b come in as `sketch_inputs` rather than closed over (a closed-over R would be baked into
+  the program as a constant)."""
+  kappas, norms = _kappas_and_norms(sketches, deltas, global_sketch)
+  queue, m0 = _push(queue, m0, norms, start, fill_index)
+  temp = jnp.where(queue_full, temperature(queue, m0, gamma, delta), temp)
+  weights = flush_weights(kappas, temp, use_softmax)
+  params = tree_add_scaled(params, deltas, weights)
+  return {"params": params, "global_sketch": sketch_of(params, *sketch_inputs), "queue": queue, "m0": m0,
+          "temperature": temp, "last_kappas": kappas, "last_weights": weights, "last_norms": norms}
+
+
+def _entries(vectors: Sequence[jax.Array], count: int) -> tuple[tuple[jax.Array, ...], ...]:
+  """The last `count` entries of each 1-D array, as 0-d arrays (one per arrival, for its event record)."""
+  return tuple(tuple(v[v.shape[0] - count + i] for i in range(count)) for v in vectors)
+
+
+_last_entries = jax.jit(_entries, static_argnums=1)
+
+
 @jax.jit
-def _observe(queue, position, delta, client_sketch, global_sketch):
-  """Per arrival: κ (Eq. 12) and the queue with ||Δ||² written at `position` (Eq. 16)."""
-  kappa = sensitivity.cosine_similarity(client_sketch, global_sketch)
-  m = squared_norm(delta)
-  return kappa, m, queue.at[position].set(m)
+def _observe(sketches: tuple, deltas: tuple, global_sketch: jax.Array, extra: tuple) -> tuple:
+  """κ_i and m_i (Eqs. 12, 16) of updates still in the buffer, with the entries of `extra` (alignments), one 0-d
+  array per arrival: what `event_records` reports before the flush that will compute them again."""
+  return _entries((*_kappas_and_norms(sketches, deltas, global_sketch), *extra), len(sketches))
 
 
 def make_alignment_fn(apply_fn, x: jax.Array, y: jax.Array):
@@ -187,9 +245,12 @@ class FedPSA(Strategy):
     s = config.sensitivity
     R = sensitivity.projection_matrix(seeding.device_key(ctx.seed, "fedpsa/projection"), s.sketch_dim,
                                       sensitivity.num_params(ctx.params_shape))
-    self._sketch_fn = sensitivity.make_sketch_fn(
-        ctx.apply_fn, *calibration_batch(ctx, s.calibration, s.calibration_size), R, chunk_size=s.chunk_size,
-        use_sensitivity=not self.hparams.no_sensitivity, method=s.fisher)
+    # One sketch function, s̃ = sketch_of(params, R, x, y) (Eqs. 8, 11), for the clients, `init` and the
+    # server's round: the round calls it inside its own jit, with R and D_b as arguments.
+    self._sketch_of = jax.jit(functools.partial(
+        sensitivity._sketch_of, ctx.apply_fn, chunk_size=s.chunk_size,
+        use_sensitivity=not self.hparams.no_sensitivity, method=s.fisher))
+    self._sketch_inputs = (R, *map(jnp.asarray, calibration_batch(ctx, s.calibration, s.calibration_size)))
     self.client = ClientSide(payload=self._client_payload)
     self._alignment_fn = None
     if self.hparams.get("log_alignment", False):
@@ -200,59 +261,59 @@ class FedPSA(Strategy):
 
   def init(self, params: Params) -> FedPSAState:
     q = self.hparams.queue_length
-    # Under no_temperature this Temp is never updated (receive skips Eq. 18): it is the ablation's fixed value.
+    # Under no_temperature this Temp is never updated (the round skips Eq. 18): it is the ablation's fixed value.
     temp = fixed_temperature(self.hparams) if self.hparams.no_temperature else self.hparams.gamma + self.hparams.delta
-    return FedPSAState(params=params, global_sketch=self._sketch_fn(params), queue=jnp.zeros((q,), jnp.float32),
+    return FedPSAState(params=params, global_sketch=self._sketch(params), queue=jnp.zeros((q,), jnp.float32),
                        m0=jnp.float32(0.0), temperature=jnp.float32(temp))
+
+  def _sketch(self, params: Params) -> jax.Array:
+    """s̃ = R s(params) on the calibration batch (Eqs. 8, 11; R vec(params) under no_sensitivity)."""
+    return self._sketch_of(params, *self._sketch_inputs)
 
   def _client_payload(self, params_start: Params, params_end: Params, job=None) -> jax.Array:
     """The client's sketch s̃_i = R s(θ_i) at its trained parameters (Algorithm 1, lines 9-10)."""
     del params_start, job
-    return self._sketch_fn(params_end)
+    return self._sketch(params_end)
 
   def receive(self, state: FedPSAState, arrivals: Sequence[Arrival]) -> tuple[FedPSAState, bool]:
-    h = self.hparams
-    queue, m0, count, kappas = state.queue, state.m0, state.queue_count, state.kappas
-    temp = state.temperature
+    """Buffers the arrivals (Algorithm 1 line 16, deferred: see the module docstring); a full buffer is one
+    round, computed by one jitted call."""
     if self._alignment_fn is not None:  # against the global model as it is before this receive's flush
       state = state.replace(last_alignments=self._alignment_fn(
           state.params, tuple(a.params_start for a in arrivals), tuple(a.delta for a in arrivals)))
-    for a in arrivals:
-      kappa, _, queue = _observe(queue, count % h.queue_length, a.delta, a.payload, state.global_sketch)
-      kappas += (kappa,)
-      count += 1
-      if count == h.queue_length:
-        m0 = jnp.mean(queue)  # Algorithm 1 line 20: M0 fixed at the first fill
-    # Eq. 18 after this receive's last push (it depends only on the queue and M0: computing it once per
-    # receive gives the value a per-arrival update would end at).
-    if count >= h.queue_length and not h.no_temperature:
-      temp = temperature(queue, m0, float(h.gamma), float(h.delta))
-    deltas = state.deltas + tuple(a.delta for a in arrivals)
-    state = state.replace(queue=queue, m0=m0, queue_count=count, kappas=kappas, deltas=deltas, temperature=temp)
-    if len(deltas) < h.buffer_size:
+    state = state.replace(deltas=state.deltas + tuple(a.delta for a in arrivals),
+                          sketches=state.sketches + tuple(a.payload for a in arrivals))
+    if len(state.deltas) < self.hparams.buffer_size:
       return state, False
-    use_softmax = h.no_temperature or count >= h.queue_length
-    kappa_vec = jnp.stack(kappas)
-    weights = flush_weights(kappa_vec, temp, use_softmax)
-    params = apply_weighted(state.params, deltas, weights)
-    return state.replace(params=params, global_sketch=self._sketch_fn(params), deltas=(), kappas=(),
-                         last_kappas=kappa_vec, last_weights=weights), True
+    return self._flush(state), True
+
+  def _flush(self, state: FedPSAState) -> FedPSAState:
+    """Algorithm 1 lines 16-31 for the whole buffer: `_aggregate`, with what the host knows (the ring position,
+    which push, if any, fills the queue for the first time, which weighting applies) passed as traced values."""
+    h, n, count = self.hparams, len(state.deltas), state.queue_count
+    queue_full = count + n >= h.queue_length  # after this round's pushes
+    fill_index = h.queue_length - 1 - count if count < h.queue_length <= count + n else -1
+    out = _aggregate(state.params, state.deltas, state.sketches, state.global_sketch, state.queue, state.m0,
+                     state.temperature, np.int32(count % h.queue_length), np.int32(fill_index),
+                     np.bool_(queue_full and not h.no_temperature), np.bool_(queue_full or h.no_temperature),
+                     self._sketch_inputs, sketch_of=self._sketch_of, gamma=float(h.gamma), delta=float(h.delta))
+    return state.replace(**out, deltas=(), sketches=(), queue_count=count + n)
 
   def diagnostics(self, state: FedPSAState) -> dict[str, Any]:
-    out = {"temperature": float(state.temperature), "thermometer_ready": state.queue_count >= self.hparams.queue_length}
+    """Temp and the κ and weights of the last flush, as device arrays (the host reads them when it writes)."""
+    out = {"temperature": state.temperature, "thermometer_ready": state.queue_count >= self.hparams.queue_length}
     if state.last_weights is not None:
-      kappas, weights = jax.device_get((state.last_kappas, state.last_weights))
-      out.update(kappa=[float(k) for k in kappas], weights=[float(w) for w in weights])
+      out.update(kappa=state.last_kappas, weights=state.last_weights)
     return out
 
-  def event_records(self, state: FedPSAState, arrivals: Sequence[Arrival]) -> list[dict[str, float]]:
-    # The κ of this receive's arrivals are the last len(arrivals) entries pushed: in the buffer, or
-    # in last_kappas if the receive ended in a flush.
-    pushed = state.kappas if state.kappas else tuple(state.last_kappas)
-    kappas = [float(k) for k in jax.device_get(pushed[len(pushed) - len(arrivals):])]
-    norms = jax.device_get([squared_norm(a.delta) for a in arrivals])
-    records = [{"kappa": k, "delta_sq_norm": float(m)} for k, m in zip(kappas, norms)]
-    if self._alignment_fn is not None and state.last_alignments is not None:
-      for record, align in zip(records, jax.device_get(state.last_alignments)):
-        record["alignment"] = float(align)
-    return records
+  def event_records(self, state: FedPSAState, arrivals: Sequence[Arrival]) -> list[dict[str, jax.Array]]:
+    """κ_i and m_i = ||Δ_i||² of this receive's arrivals (with align_i under log_alignment), as 0-d device
+    arrays: from the flush that ended the receive, or computed now (one small call) if they are still buffered."""
+    extra = (state.last_alignments,) if self._alignment_fn is not None and state.last_alignments is not None else ()
+    names = ("kappa", "delta_sq_norm", "alignment")[:2 + len(extra)]
+    if state.deltas:  # no flush: these arrivals are the last entries of the buffer
+      columns = _observe(tuple(a.payload for a in arrivals), tuple(a.delta for a in arrivals),
+                         state.global_sketch, extra)
+    else:  # the receive ended in a flush, whose last len(arrivals) updates are these
+      columns = _last_entries((state.last_kappas, state.last_norms, *extra), len(arrivals))
+    return [dict(zip(names, values)) for values in zip(*columns)]
