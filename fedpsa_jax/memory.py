@@ -1,0 +1,76 @@
+"""Giving freed heap memory back to the operating system, so that a run's RSS follows what it holds.
+
+XLA's compiler (LLVM) and the host loop allocate and free many small blocks; glibc's malloc keeps freed
+memory in its arenas rather than returning it, so a process's RSS grows with what it ever held at once,
+not with what it holds. `malloc_trim(0)` returns the free pages. Measured on the default job (2-core CPU,
+whole processes): trimming after each compile, at each evaluation and once a second of rounds lowered the
+peak RSS (docs/performance.md, "Memory"). Elsewhere than glibc (macOS, musl) there is no
+`malloc_trim` and `trim_heap` does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import time
+
+import jax
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # (compiles.py counts the same event)
+
+
+def _find_malloc_trim():
+  try:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+  except OSError:
+    return None
+  trim = getattr(libc, "malloc_trim", None)
+  if trim is not None:
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+  return trim
+
+
+_MALLOC_TRIM = _find_malloc_trim()  # the C library's function, looked up once (None: not glibc)
+
+
+def trim_heap() -> bool:
+  """Returns the heap's free pages to the operating system (glibc); True if the C library could."""
+  return bool(_MALLOC_TRIM is not None and _MALLOC_TRIM(0))
+
+
+class PeriodicTrim:
+  """`maybe()` trims the heap when at least `every_seconds` of wall time passed since its last trim: the host
+  loop calls it once per round, and the check is one clock read."""
+
+  def __init__(self, every_seconds: float = 1.0):
+    self.every_seconds = every_seconds
+    self.last = time.perf_counter()
+
+  def maybe(self) -> None:
+    now = time.perf_counter()
+    if now - self.last >= self.every_seconds:
+      trim_heap()
+      self.last = time.perf_counter()
+
+
+class TrimAfterCompiles:
+  """While open, trims the heap after every XLA compile of this process (compiling frees the most)."""
+
+  def __init__(self):
+    self._open = False
+
+  def _listener(self, event: str, duration: float, **kwargs) -> None:
+    del duration, kwargs
+    if event == _COMPILE_EVENT:
+      trim_heap()
+
+  def open(self) -> "TrimAfterCompiles":
+    if not self._open and _MALLOC_TRIM is not None:
+      jax.monitoring.register_event_duration_secs_listener(self._listener)
+      self._open = True
+    return self
+
+  def close(self) -> None:
+    if self._open:
+      jax.monitoring.unregister_event_duration_listener(self._listener)
+      self._open = False

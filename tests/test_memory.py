@@ -1,0 +1,64 @@
+"""memory.py: freed heap pages go back to the operating system, after compiles and at evaluations."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from fedpsa_jax import memory
+from fedpsa_jax.sim import runner
+from helpers import small_config
+
+
+def _rss_bytes() -> int:
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc (Linux)")
+def test_trim_returns_freed_pages_where_glibc_can():
+  if memory._MALLOC_TRIM is None:  # not glibc: nothing to call, and it says so
+    assert memory.trim_heap() is False
+    return
+  # ~120 MB in 2 KiB blocks (malloc's heap, not mmap), all freed but the last, which pins the heap's top:
+  # malloc keeps the freed pages mapped until trimmed.
+  blocks = [bytes(2048) for _ in range(60_000)]
+  last = blocks[-1]
+  del blocks
+  before = _rss_bytes()
+  assert memory.trim_heap() is True
+  assert before - _rss_bytes() > 60 * 2**20
+  del last
+
+
+def test_the_run_trims_after_each_compile_and_each_evaluation(monkeypatch):
+  calls = []
+  monkeypatch.setattr(memory, "_MALLOC_TRIM", lambda pad: calls.append(pad) or 1)
+  sim = runner.Simulation(small_config("fedbuff", days=0.01))
+  x = jax.block_until_ready(jnp.arange(7.0))
+  calls.clear()
+  evaluations = len(sim.history)
+  jax.jit(lambda x: x * 3 + 1)(x)  # a compile no earlier test made: one trim
+  assert len(calls) == 1
+  sim.run_until(0.01)
+  assert len(calls) >= len(sim.history) - evaluations > 0
+  sim.close()
+  calls.clear()
+  jax.jit(lambda x: x * 5 + 2)(x)  # a closed run no longer trims
+  assert calls == []
+
+
+def test_periodic_trim_trims_only_when_its_period_passed(monkeypatch):
+  calls = []
+  monkeypatch.setattr(memory, "_MALLOC_TRIM", lambda pad: calls.append(pad) or 1)
+  never = memory.PeriodicTrim(every_seconds=3600.0)
+  for _ in range(100):
+    never.maybe()
+  assert calls == []
+  always = memory.PeriodicTrim(every_seconds=0.0)
+  for _ in range(5):
+    always.maybe()
+  assert len(calls) == 5
