@@ -59,9 +59,8 @@ EXECUTIONS = choices.EXECUTIONS  # local.execution: defined once, in the config'
 def resolve_execution(execution: str, platform: str | None = None, device_count: int | None = None) -> str:
   """The backend `auto` stands for, per platform, as measured by benchmarks/throughput.py.
 
-  CPU: `loop` (vmapped conv training is much slower there, and a vmapped client's result depends on its
-  batch's composition, which would break bitwise resume). GPU/TPU: `vmap` on one device, `sharded` over
-  several. The measurements: docs/performance.md.
+  CPU: `loop` (vmapped conv training is much slower there; dense models run about as fast either way).
+  GPU/TPU: `vmap` on one device, `sharded` over several. The measurements: docs/performance.md.
   """
   if execution != "auto":
     return execution
