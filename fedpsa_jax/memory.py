@@ -53,24 +53,34 @@ class PeriodicTrim:
       self.last = time.perf_counter()
 
 
+def _trim_after_compile(event: str, duration: float, **kwargs) -> None:
+  del duration, kwargs
+  if event == _COMPILE_EVENT and _open_trimmers[0] > 0:
+    trim_heap()
+
+
+# How many `TrimAfterCompiles` are open: one listener serves them all (it is registered with JAX once, the
+# first time one opens), so that several open runs (a notebook's) do not trim several times per compile.
+_open_trimmers = [0]
+_registered = [False]
+
+
 class TrimAfterCompiles:
   """While open, trims the heap after every XLA compile of this process (compiling frees the most)."""
 
   def __init__(self):
     self._open = False
 
-  def _listener(self, event: str, duration: float, **kwargs) -> None:
-    del duration, kwargs
-    if event == _COMPILE_EVENT:
-      trim_heap()
-
   def open(self) -> "TrimAfterCompiles":
     if not self._open and _MALLOC_TRIM is not None:
-      jax.monitoring.register_event_duration_secs_listener(self._listener)
+      if not _registered[0]:
+        jax.monitoring.register_event_duration_secs_listener(_trim_after_compile)
+        _registered[0] = True
+      _open_trimmers[0] += 1
       self._open = True
     return self
 
   def close(self) -> None:
     if self._open:
-      jax.monitoring.unregister_event_duration_listener(self._listener)
+      _open_trimmers[0] -= 1
       self._open = False

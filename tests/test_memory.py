@@ -37,6 +37,8 @@ def test_trim_returns_freed_pages_where_glibc_can():
 def test_the_run_trims_after_each_compile_and_each_evaluation(monkeypatch):
   calls = []
   monkeypatch.setattr(memory, "_MALLOC_TRIM", lambda pad: calls.append(pad) or 1)
+  monkeypatch.setattr(memory, "_open_trimmers", [0])  # (runs other tests left open would trim too)
+  other = runner.Simulation(small_config("fedbuff", days=0.01))  # two open runs: still one trim per compile
   sim = runner.Simulation(small_config("fedbuff", days=0.01))
   x = jax.block_until_ready(jnp.arange(7.0))
   calls.clear()
@@ -46,8 +48,9 @@ def test_the_run_trims_after_each_compile_and_each_evaluation(monkeypatch):
   sim.run_until(0.01)
   assert len(calls) >= len(sim.history) - evaluations > 0
   sim.close()
+  other.close()
   calls.clear()
-  jax.jit(lambda x: x * 5 + 2)(x)  # a closed run no longer trims
+  jax.jit(lambda x: x * 5 + 2)(x)  # closed runs no longer trim
   assert calls == []
 
 
