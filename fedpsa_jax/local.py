@@ -17,6 +17,14 @@ How the steps are looped is a per-backend choice; the measurements behind it: do
   knows its global index t, so a client with fewer steps than the batch's longest simply masks the
   rest; chunks of at most `max_unroll` unrolled steps, the remainder in powers of two.
 
+The unrolled schedules are chains of compiled calls, each consuming the parameters the last one made.
+Each call donates its input parameters (`donate_argnames`): the host dispatches a whole job's calls at
+once (JAX is asynchronous), and without donation each call's output would be a new buffer, held until
+the device gets to it; with it a job in flight holds one set of working parameters whatever its step
+count (and a CPU's allocator is not asked for a fresh parameter-sized block at every step). The caller's
+parameters (the dispatched model, kept for Δ and as the anchor) are never consumed: the chain starts
+from a private copy unless the caller hands over its own (`owned`).
+
 The loss of a batch is the masked mean cross-entropy, or a strategy's `loss`
 `(apply_fn, params, anchor, x, y, mask, aux) -> scalar` (FedPAC's prototype alignment), plus the optional
 `regularizer(params, anchor)`; `anchor` is the dispatched parameters and `aux` the job's extras from the
@@ -170,17 +178,31 @@ class LocalTrainer:
     compiled call: the executor's per-job key and shuffle cost the host one dispatch, not two."""
     return _job_orders(clients_key, np.uint32(job_id), np.int32(num_samples), max_samples, self.epochs)
 
+  @property
+  def uses_anchor(self) -> bool:
+    """Whether a step reads the dispatched parameters (FedProx's term, FedPAC's loss)."""
+    return self.regularizer is not None or self.loss is not None
+
+  def _working_copy(self, params: Params, owned: bool) -> tuple[Params, Params]:
+    """(the parameters the donating chain may consume, the anchor): the caller's own `params` when it hands
+    them over and no step reads the anchor, else a private copy (module docstring)."""
+    anchor = params if self.uses_anchor else ()
+    return (params if owned and not self.uses_anchor else _copy(params)), anchor
+
   def train_in_order(self, params: Params, x_all: jax.Array, y_all: jax.Array, index_row: jax.Array,
-                     num_samples: int, lr: float | jax.Array, orders: jax.Array, aux: Any = ()) -> Params:
-    """`train` given the job's epoch orders (`epoch_orders`, e.g. from `job_orders`) instead of its key."""
+                     num_samples: int, lr: float | jax.Array, orders: jax.Array, aux: Any = (),
+                     owned: bool = False) -> Params:
+    """`train` given the job's epoch orders (`epoch_orders`, e.g. from `job_orders`) instead of its key.
+    `owned`: `params` is the caller's to give up (a buffer nobody else holds, e.g. just copied to the
+    client's device), so the first step may consume it rather than a copy."""
     total = num_local_steps(int(num_samples), self.batch_size, self.epochs)
     # NumPy scalars, not jnp.asarray: jit's C++ dispatch takes them directly, where an eager conversion
     # costs ~0.1 ms of host time each (benchmarks/host_overhead.py).
     n = np.int32(num_samples)
     lr = np.float32(lr) if not isinstance(lr, jax.Array) else lr
-    anchor = params
-    if self.loop == "rolled":
-      return _run_rolled(self, params, anchor, x_all, y_all, index_row, orders, n, lr, np.int32(total), aux)
+    if self.loop == "rolled":  # (one call: nothing in flight between steps to save)
+      return _run_rolled(self, params, params, x_all, y_all, index_row, orders, n, lr, np.int32(total), aux)
+    params, anchor = self._working_copy(params, owned)
     calls = self.epoch_calls(num_samples)
     for epoch in range(self.epochs):
       for start, count, rows in calls:  # Python ints: traced (start, epoch) or static (count, rows)
@@ -190,21 +212,21 @@ class LocalTrainer:
 
   def train_batch(self, params: Params, x_all: jax.Array, y_all: jax.Array, index_rows: jax.Array,
                   num_samples: jax.Array, lr: jax.Array, keys: jax.Array, total_steps: int, aux: Any = (),
-                  mesh: jax.sharding.Mesh | None = None) -> Params:
+                  mesh: jax.sharding.Mesh | None = None, owned: bool = False) -> Params:
     """J client updates at once: every argument but x_all/y_all has a leading client axis of size J.
 
     Each client runs `total_steps` steps (a host int, at least every client's own step count); steps
     past a client's own count are masked no-ops, so client j's result equals `train` on its slice up
     to float reassociation. With `mesh` (one axis, 'clients'), the client axis is split over the
     mesh's devices with `shard_map` (J must be a multiple of the device count); without it the J
-    clients are vmapped on the default device.
+    clients are vmapped on the default device. `owned` as in `train_in_order`.
     """
     orders = _epoch_orders_batch(keys, num_samples, index_rows.shape[1], self.epochs)
+    params, anchor = self._working_copy(params, owned)
     if self.loop == "rolled":
-      return _run_batch(self, mesh, params, params, x_all, y_all, index_rows, orders, num_samples, lr,
+      return _run_batch(self, mesh, params, anchor, x_all, y_all, index_rows, orders, num_samples, lr,
                         jnp.int32(0), jnp.int32(total_steps), None, aux)
     t0 = 0
-    anchor = params
     for count in self.chunk_sizes(total_steps):
       params = _run_batch(self, mesh, params, anchor, x_all, y_all, index_rows, orders, num_samples, lr,
                           jnp.int32(t0), None, count, aux)
@@ -223,7 +245,12 @@ def _job_orders(clients_key, job_id, num_samples, max_samples, epochs):
 _epoch_orders_batch = jax.jit(jax.vmap(epoch_orders, in_axes=(0, 0, None, None)), static_argnums=(2, 3))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 12))
+# A private copy of a parameter tree (one compiled call; under jit, `copy` is a real copy, never the input).
+_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+
+
+# The calls of a job's chain donate their input `params` (module docstring: why).
+@functools.partial(jax.jit, static_argnums=(0, 1, 12), donate_argnames=("params",))
 def _run_batch(trainer, mesh, params, anchor, x_all, y_all, index_rows, orders, n, lr, t0, total, count, aux=()):
   """`count` unrolled steps (or `total` rolled steps) of J clients, vmapped, optionally sharded over `mesh`."""
 
@@ -243,7 +270,7 @@ def _run_batch(trainer, mesh, params, anchor, x_all, y_all, index_rows, orders, 
   return jax.shard_map(clients, mesh=mesh, in_specs=specs, out_specs=split, check_vma=False)(*args)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 11, 12))
+@functools.partial(jax.jit, static_argnums=(0, 11, 12), donate_argnames=("params",))
 def _run_batches(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr, epoch, start, count, rows, aux=()):
   return trainer.run_batches(params, anchor, x_all, y_all, index_row, orders, n, lr, epoch, start, count, rows, aux)
 

@@ -138,3 +138,56 @@ def test_resolve_loop():
   assert local.resolve_loop("auto", "cpu") == "unrolled"
   assert local.resolve_loop("auto", "gpu") == "rolled"
   assert local.resolve_loop("rolled", "cpu") == "rolled"
+
+
+def _spy_chain(monkeypatch, name):
+  """Records the parameters handed to every call of the jitted chain function `name`."""
+  inputs = []
+  original = getattr(local, name)
+
+  def spy(trainer, *args, **kwargs):
+    inputs.append(args[1] if name == "_run_batch" else args[0])  # (_run_batch: mesh comes before params)
+    return original(trainer, *args, **kwargs)
+
+  monkeypatch.setattr(local, name, spy)
+  return inputs
+
+
+@pytest.mark.parametrize("owned", [False, True])
+@pytest.mark.parametrize("mu", [0.0, 0.1])
+def test_each_step_consumes_the_last_ones_parameters_never_the_callers(problem, monkeypatch, owned, mu):
+  # Donation along the chain (local.py docstring): every call's input is given up once it has run, so a job
+  # in flight holds one working set, whatever its step count; the caller's tree survives unless handed over
+  # (`owned`) to a chain that does not read it as the anchor (FedProx's term does: mu > 0).
+  model, params, x, y, index_row = problem
+  regularizer = local.proximal_term(mu) if mu else None
+  trainer = local.LocalTrainer(model.apply, batch_size=32, epochs=2, max_unroll=1, regularizer=regularizer)
+  key = jax.random.key(5)
+  expected = reference_train(model, params, x, y, index_row, 70, 0.1, key, 32, 2, mu=mu)
+  mine = jax.tree.map(jnp.copy, params)
+  inputs = _spy_chain(monkeypatch, "_run_batches")
+  orders = local.epoch_orders(key, jnp.int32(70), index_row.shape[0], 2)
+  got = trainer.train_in_order(mine, x, y, index_row, 70, 0.1, orders, owned=owned)
+  assert len(inputs) == 6  # 2 epochs x (2 full batches + the partial one)
+  assert all(leaf.is_deleted() for tree in inputs[1:] for leaf in jax.tree.leaves(tree))
+  consumed = owned and not mu
+  assert all(leaf.is_deleted() == consumed for leaf in jax.tree.leaves(mine))
+  assert (inputs[0] is mine) == consumed  # (else the chain started from a private copy)
+  assert_trees_close(got, expected, steps=6)
+
+
+def test_batched_chain_consumes_its_stacked_parameters_step_by_step(problem, monkeypatch):
+  model, params, x, y, index_row = problem
+  trainer = local.LocalTrainer(model.apply, batch_size=32, epochs=1, max_unroll=1)
+  stacked = jax.tree.map(lambda p: jnp.stack([p, p]), params)
+  mine = jax.tree.map(jnp.copy, stacked)
+  inputs = _spy_chain(monkeypatch, "_run_batch")
+  rows = jnp.stack([index_row, index_row])
+  keys = jax.random.split(jax.random.key(1), 2)
+  got = trainer.train_batch(mine, x, y, rows, jnp.asarray([70, 40], jnp.int32), jnp.asarray([0.1, 0.2]), keys, 3)
+  assert len(inputs) == 3  # 3 steps, one call each (max_unroll 1)
+  assert all(leaf.is_deleted() for tree in inputs[1:] for leaf in jax.tree.leaves(tree))
+  assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(mine))  # not handed over: a copy was consumed
+  for j, (n, lr) in enumerate([(70, 0.1), (40, 0.2)]):
+    one = trainer.train(params, x, y, index_row, n, lr, keys[j])
+    assert_trees_close(jax.tree.map(lambda leaf: leaf[j], got), one, steps=3)

@@ -74,15 +74,16 @@ def _run(method: str, execution: str, workdir, monkeypatch) -> Observed:
     shuffled.append(int(job_id))
     return job_orders(self, clients_key, job_id, num_samples, max_samples)
 
-  def spy_train_in_order(self, params, x_all, y_all, index_row, num_samples, lr, orders, aux=()):
+  def spy_train_in_order(self, params, x_all, y_all, index_row, num_samples, lr, orders, aux=(), owned=False):
     trained_ids.append((shuffled.pop(), float(lr)))
-    return train_in_order(self, params, x_all, y_all, index_row, num_samples, lr, orders, aux=aux)
+    return train_in_order(self, params, x_all, y_all, index_row, num_samples, lr, orders, aux=aux, owned=owned)
 
-  def spy_train_batch(self, params, x_all, y_all, index_rows, num_samples, lr, keys, total_steps, aux=(), mesh=None):
+  def spy_train_batch(self, params, x_all, y_all, index_rows, num_samples, lr, keys, total_steps, aux=(), mesh=None,
+                      owned=False):
     for bits, rate, n in zip(_key_bits(keys), np.asarray(lr), np.asarray(num_samples)):
       if n > 0:  # (0 samples: an inert padding copy)
         trained.append((tuple(bits), float(rate)))
-    return train_batch(self, params, x_all, y_all, index_rows, num_samples, lr, keys, total_steps, aux, mesh)
+    return train_batch(self, params, x_all, y_all, index_rows, num_samples, lr, keys, total_steps, aux, mesh, owned)
 
   monkeypatch.setattr(local.LocalTrainer, "job_orders", spy_job_orders)
   monkeypatch.setattr(local.LocalTrainer, "train_in_order", spy_train_in_order)

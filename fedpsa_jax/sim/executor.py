@@ -267,8 +267,9 @@ class LoopExecutor(ClientExecutor):
     orders = self.trainer.job_orders(self.clients_key, job.dispatch.job_id, num_samples, self.max_samples)
     params, orders, aux = (job.params_start, orders, job.aux) if device == self.home else \
         jax.device_put((job.params_start, orders, job.aux), device)
+    # A copy on another device is this job's own: its first step may consume it (local.py, donation).
     params_end = self.trainer.train_in_order(params, x_all, y_all, self.device_rows[device][client], num_samples,
-                                             job.lr, orders, aux=aux)
+                                             job.lr, orders, aux=aux, owned=device != self.home)
     self.stats.batches += 1
     self.stats.jobs += 1
     self.stats.steps_needed += steps
@@ -346,7 +347,7 @@ class BatchedExecutor(ClientExecutor):
       per_client = jax.device_put(per_client, self.split)
     params_start, index_rows, sizes, lrs, keys, aux = per_client
     params_end = self.trainer.train_batch(params_start, self.x_all, self.y_all, index_rows, sizes, lrs, keys,
-                                          total_steps, aux, self.mesh)
+                                          total_steps, aux, self.mesh, owned=True)  # (`_stack` made them)
     if self.mesh is not None:  # results back on the default device, where the server state lives
       params_end = jax.device_put(params_end, self.home)
     self._finish(batch, _unstack(params_end, real))
