@@ -47,7 +47,6 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 
 from fedpsa_jax.errors import UserError
 
@@ -64,6 +63,14 @@ class _QuietOrbax(logging.Filter):
 
 
 logging.getLogger("absl").addFilter(_QuietOrbax())
+
+
+def _orbax():
+  """orbax.checkpoint, imported at a run's first checkpoint (or restore) rather than with this module: with
+  tensorstore it is ~25 MB of resident memory that a run otherwise holds from its first step to its last."""
+  import orbax.checkpoint as ocp
+
+  return ocp
 
 
 class CheckpointWarning(UserWarning):
@@ -316,15 +323,25 @@ class CheckpointStore:
   def __init__(self, directory: str, keep: int):
     self.directory = os.path.abspath(directory)
     self.corrupt_directory = os.path.join(os.path.dirname(self.directory), "checkpoints_corrupt")
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True,
-        # Synchronous: a checkpoint is complete on disk before the run writes another metrics line, so
-        # the metrics position it records is always consistent with what is on disk.
-        enable_async_checkpointing=False,
-        cleanup_tmp_directories=True)  # removes what a kill during a save left behind
-    self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("arrays", "meta"))
+    self.keep = keep
+    self._orbax_manager = None  # made (and orbax imported) when first needed: `_manager`
+
+  @property
+  def _manager(self):
+    if self._orbax_manager is None:
+      ocp = _orbax()
+      options = ocp.CheckpointManagerOptions(
+          max_to_keep=self.keep, create=True,
+          # Synchronous: a checkpoint is complete on disk before the run writes another metrics line, so
+          # the metrics position it records is always consistent with what is on disk.
+          enable_async_checkpointing=False,
+          cleanup_tmp_directories=True)  # removes what a kill during a save left behind
+      self._orbax_manager = ocp.CheckpointManager(self.directory, options=options, item_names=("arrays", "meta"))
+    return self._orbax_manager
 
   def steps(self) -> list[int]:
+    if self._orbax_manager is None and not os.path.isdir(self.directory):
+      return []  # a new run: nothing to list, and no orbax until its first checkpoint
     return sorted(self._manager.all_steps())
 
   def save(self, step: int, snapshot: Any, config: dict) -> None:
@@ -333,12 +350,14 @@ class CheckpointStore:
     meta = {"format": FORMAT, "step": step, "skeleton": skeleton, "arrays": info, "config": config,
             "saved_at": time.time()}
     meta["sha256"] = host_digest(json.loads(json.dumps(meta)))  # (as it will read back)
+    ocp = _orbax()
     self._manager.save(step, force=True, args=ocp.args.Composite(
         arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)))
     self._manager.wait_until_finished()
 
   def _read_verified(self, step: int) -> tuple[dict, dict[str, np.ndarray]]:
     """(meta, verified host arrays) of a step; any failure here means the files are not intact."""
+    ocp = _orbax()
     meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
     if (not isinstance(meta, dict) or meta.get("format") not in _FORMATS or meta.get("step") != step
         or not all(k in meta for k in _META_KEYS)):
@@ -404,5 +423,6 @@ class CheckpointStore:
     return target
 
   def close(self) -> None:
-    self._manager.close()
+    if self._orbax_manager is not None:
+      self._orbax_manager.close()
 

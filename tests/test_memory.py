@@ -38,8 +38,9 @@ def test_the_run_trims_after_each_compile_and_each_evaluation(monkeypatch):
   calls = []
   monkeypatch.setattr(memory, "_MALLOC_TRIM", lambda pad: calls.append(pad) or 1)
   monkeypatch.setattr(memory, "_open_trimmers", [0])  # (runs other tests left open would trim too)
-  other = runner.Simulation(small_config("fedbuff", days=0.01))  # two open runs: still one trim per compile
-  sim = runner.Simulation(small_config("fedbuff", days=0.01))
+  # two open runs: still one trim per compile
+  other = runner.Simulation(small_config("fedbuff", days=0.01, memory__trim_heap=True))
+  sim = runner.Simulation(small_config("fedbuff", days=0.01, memory__trim_heap=True))
   x = jax.block_until_ready(jnp.arange(7.0))
   calls.clear()
   evaluations = len(sim.history)
@@ -54,6 +55,19 @@ def test_the_run_trims_after_each_compile_and_each_evaluation(monkeypatch):
   assert calls == []
 
 
+def test_by_default_the_run_never_trims(monkeypatch):
+  calls = []
+  monkeypatch.setattr(memory, "_MALLOC_TRIM", lambda pad: calls.append(pad) or 1)
+  monkeypatch.setattr(memory, "_open_trimmers", [0])
+  sim = runner.Simulation(small_config("fedbuff", days=0.01, eval__every_days=0.002))
+  sim.periodic_trim.every_seconds = 0.0  # (would trim at every round if it were on)
+  jax.jit(lambda x: x * 7 - 3)(jnp.arange(5.0))  # a compile no earlier test made
+  sim.run_until(0.01)
+  assert len(sim.history) > 2 and sim.loop.round > 2  # evaluations and rounds happened
+  assert calls == []
+  sim.close()
+
+
 def test_periodic_trim_trims_only_when_its_period_passed(monkeypatch):
   calls = []
   monkeypatch.setattr(memory, "_MALLOC_TRIM", lambda pad: calls.append(pad) or 1)
@@ -65,3 +79,31 @@ def test_periodic_trim_trims_only_when_its_period_passed(monkeypatch):
   for _ in range(5):
     always.maybe()
   assert len(calls) == 5
+
+
+_ORBAX_PROBE = """
+import sys
+from fedpsa_jax.sim import runner
+from helpers import small_config
+config = small_config("fedbuff", days=0.01)
+config.checkpoint.every_days = 0.0  # at the end only
+sim = runner.Simulation(config, sys.argv[1])
+sim.run_until(0.01)
+print("before_end", "orbax.checkpoint" in sys.modules)
+sim.run()
+print("after_end", "orbax.checkpoint" in sys.modules, sim.recorder.checkpoints.steps())
+"""
+
+
+def test_orbax_is_imported_at_the_first_checkpoint_not_before(tmp_path):
+  # (a fresh process: this one imported orbax long ago). orbax with tensorstore is ~25-50 MB of resident
+  # memory that a run would otherwise hold from its first step.
+  import subprocess
+  import sys
+
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+  out = subprocess.run([sys.executable, "-c", _ORBAX_PROBE, str(tmp_path / "run")], env=env, capture_output=True,
+                       text=True, check=True).stdout.split("\n")
+  assert "before_end False" in out
+  after = next(line for line in out if line.startswith("after_end"))
+  assert after.startswith("after_end True [") and after != "after_end True []"

@@ -101,8 +101,12 @@ class Simulation:
     if rundir is not None:
       rundir.lock()  # (ConfigError naming the other run's pid; the Recorder holds it until `close`)
     self.compiles = CompileCounter().open()  # every XLA compile of this run (warm-up included)
-    self.trimming = memory.TrimAfterCompiles().open()  # freed compiler memory back to the OS (memory.py)
-    self.periodic_trim = memory.PeriodicTrim()  # and what the rounds free, once a second (memory.py)
+    # memory.trim_heap: freed memory back to the OS after compiles, at evaluations and once a second of rounds
+    self.trim_heap = bool(config.memory.trim_heap)
+    self.trimming = memory.TrimAfterCompiles()
+    if self.trim_heap:
+      self.trimming.open()
+    self.periodic_trim = memory.PeriodicTrim()
     try:
       data = build_data(config)  # (and `config.validate_data`: values only the data rules out)
       config_lib.validate_model(config, _num_params(config, data[0]))  # (FedPSA's projection, by the model)
@@ -219,11 +223,12 @@ class Simulation:
   def _bound_lead(self) -> None:
     """After a round: keeps the host at most ROUNDS_AHEAD rounds ahead of the devices (it waits for the
     state of the round that many rounds back: done long ago, unless the devices are the bottleneck), and
-    gives the heap's free pages back to the OS at most once a second (memory.py)."""
+    under `memory.trim_heap` gives the heap's free pages back to the OS at most once a second (memory.py)."""
     self.rounds_in_flight.append(self.state)
     if len(self.rounds_in_flight) > ROUNDS_AHEAD:
       jax.block_until_ready(self.rounds_in_flight.popleft())
-    self.periodic_trim.maybe()
+    if self.trim_heap:
+      self.periodic_trim.maybe()
 
   # --- outputs --------------------------------------------------------------------------------------
 
@@ -249,7 +254,8 @@ class Simulation:
     record = to_host(record)  # (the strategy's values may be device arrays: one read for all)
     self.history.append(record)
     self.recorder.metrics(record)
-    memory.trim_heap()  # (what the evaluation and the rounds since the last one freed)
+    if self.trim_heap:
+      memory.trim_heap()  # (what the evaluation and the rounds since the last one freed)
     if self.config.stop_on_nan and not (math.isfinite(record["test_loss"]) and metrics.tree_is_finite(params)):
       loop.status = "diverged"
       loop.diverged_at = {"round": loop.round, "time": t, "day": t / config_lib.UNITS_PER_DAY}

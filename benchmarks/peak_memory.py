@@ -1,0 +1,80 @@
+"""Peak resident memory (RSS) and wall time of the default job, whole processes, as a user runs it.
+
+    python benchmarks/peak_memory.py [--methods=fedbuff,fedpsa] [--repeats=2] [--days=0.08]
+                                     [--host_devices=3] [--overrides=memory.trim_heap=True,...]
+                                     [--env=MALLOC_ARENA_MAX=2,...]
+
+Each (method, repeat) is one `launch.py --config=configs/default.py` process (the embedded MNIST, 50
+clients, Dirichlet α = 0.1, the MNIST CNN, 10 in flight; FedBuff is the job FLGo was measured on, FedPSA
+the default job itself), its peak RSS read from the kernel's accounting of that child (`os.wait4`), so
+the figure is what `/usr/bin/time -v` reports. Runs alternate between methods, so that a drift of the
+machine affects both alike. Printed per run: peak RSS, wall seconds, client updates, final accuracy; then
+per method the median. Issue 19's goal: at most FLGo's ~0.73-0.74 GB on the FedBuff job (measured on this
+2-core CPU, FLGo 0.4.4, two torch threads). Peak RSS varies between runs of one config by ~±50 MB (when
+the host dispatches relative to the devices), so compare medians of several repeats.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+flags.DEFINE_list("methods", ["fedbuff", "fedpsa"], "methods to run")
+flags.DEFINE_integer("repeats", 2, "runs per method")
+flags.DEFINE_float("days", 0.08, "virtual days per run (the default job's budget)")
+flags.DEFINE_integer("host_devices", 3, "launch.py --host_devices")
+flags.DEFINE_list("overrides", [], "config fields for every run, as field=value (e.g. memory.trim_heap=True)")
+flags.DEFINE_list("env", [], "extra KEY=VALUE environment variables for the runs (experiments)")
+FLAGS = flags.FLAGS
+
+
+def run_once(method: str, workdir: str) -> dict:
+  env = dict(os.environ, **dict(kv.split("=", 1) for kv in FLAGS.env))
+  command = [sys.executable, os.path.join(ROOT, "launch.py"), "--config=" + os.path.join(ROOT, "configs/default.py"),
+             f"--host_devices={FLAGS.host_devices}", f"--config.method={method}", "--config.output.progress=False",
+             f"--config.sim.virtual_days={FLAGS.days}", f"--workdir={workdir}"] + [
+                 f"--config.{field}" for field in FLAGS.overrides]
+  start = time.perf_counter()
+  child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  _, status, usage = os.wait4(child.pid, 0)
+  wall = time.perf_counter() - start
+  stderr = child.stderr.read()
+  child.stderr.close()
+  if os.waitstatus_to_exitcode(status) != 0:
+    raise SystemExit(f"{method}: launch.py failed:\n{stderr[-2000:]}")
+  with open(os.path.join(workdir, "summary.json")) as f:
+    summary = json.load(f)
+  # ru_maxrss is in KiB on Linux (bytes on macOS).
+  scale = 1 if sys.platform == "darwin" else 1024
+  return {"method": method, "peak_rss_mb": usage.ru_maxrss * scale / 2**20, "wall_s": wall,
+          "updates": summary["client_updates"], "final_accuracy": summary["final_test_accuracy"]}
+
+
+def main(argv):
+  del argv
+  rows = []
+  with tempfile.TemporaryDirectory() as tmp:
+    for repeat in range(FLAGS.repeats):
+      for method in FLAGS.methods:
+        row = run_once(method, os.path.join(tmp, f"{method}-{repeat}"))
+        rows.append(row)
+        print(f"{method:10s} run {repeat + 1}: peak RSS {row['peak_rss_mb']:7.0f} MB  wall {row['wall_s']:6.1f} s  "
+              f"{row['updates']} updates  final acc {row['final_accuracy']:.4f}", flush=True)
+  print()
+  for method in FLAGS.methods:
+    mine = [r for r in rows if r["method"] == method]
+    print(f"{method:10s} median of {len(mine)}: peak RSS {statistics.median(r['peak_rss_mb'] for r in mine):7.0f} MB  "
+          f"wall {statistics.median(r['wall_s'] for r in mine):6.1f} s")
+
+
+if __name__ == "__main__":
+  app.run(main)
