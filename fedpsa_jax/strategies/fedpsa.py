@@ -12,11 +12,14 @@ Temp = (M_cur / M0) γ + δ (Eqs. 17-18). When the buffer holds at least L_s upd
 weights = softmax(κ / Temp) (Eq. 19) — uniform 1/|buffer| while Q has never been full — and
 w ← w + Σ weight_i Δ_i (Eq. 20); the buffer is cleared.
 
-How it runs: one jitted call per round, however many updates arrive. s̃_g changes only at a flush, so every
+How it runs: two jitted calls per round, however many updates arrive. s̃_g changes only at a flush, so every
 κ of a round is taken against the same sketch; Q, M0 and Temp are read only at the flush (Temp as left by the
 round's last push). So a receive without a flush only appends (Δ_i, s̃_i) to the buffer, with no device work,
-and the flush (`_aggregate`) computes, in arrival order, every κ_i and m_i, the queue pushes, M0 if the queue
-fills this round, Temp, the weights, the new w and its sketch s̃_g. The aggregation is that of the per-arrival
+and the flush computes, in arrival order, every κ_i and m_i, the queue pushes, M0 if the queue fills this
+round, Temp, the weights and the new w (`_aggregate`), then the new w's sketch s̃_g (the clients' sketch
+function). The sketch is a call of its own because `_aggregate` compiles once per buffer length: with the
+sketch (the per-sample-gradient Fisher) inside, every length compiled it again (~5 s more compile time on the
+default job, and the compiler's memory), where as its own call it compiles once for clients and server. The aggregation is that of the per-arrival
 description (same queue, M0 and Temp at each flush); what differs is what the state shows between flushes:
 `queue`, `queue_count`, `m0` and `temperature` (and so `diagnostics`' thermometer) are those of the last flush.
 `event_records` (events.jsonl only) takes a flush's κ_i and m_i from the state (`last_kappas`, `last_norms`) and
@@ -127,25 +130,23 @@ def _push(queue: jax.Array, m0: jax.Array, norms: jax.Array, start: jax.Array,
   return queue, m0
 
 
-@functools.partial(jax.jit, static_argnames=("sketch_of", "gamma", "delta"))
+@functools.partial(jax.jit, static_argnames=("gamma", "delta"))
 def _aggregate(params: Params, deltas: tuple, sketches: tuple, global_sketch: jax.Array, queue: jax.Array,
                m0: jax.Array, temp: jax.Array, start: jax.Array, fill_index: jax.Array, queue_full: jax.Array,
-               use_softmax: jax.Array, sketch_inputs: tuple, *, sketch_of, gamma: float,
-               delta: float) -> dict[str, Any]:
-  """One FedPSA round in one compiled call: Eqs. 12 and 16 for every buffered update (in arrival order), the
-  queue pushes and M0, Temp (Eq. 18, when `queue_full`; otherwise `temp` stays), the weights (Eq. 19), the new
-  global model (Eq. 20) and its sketch s̃_g (Eq. 11, `sketch_of(params, *sketch_inputs)`).
+               use_softmax: jax.Array, *, gamma: float, delta: float) -> dict[str, Any]:
+  """A FedPSA round's aggregation in one compiled call: Eqs. 12 and 16 for every buffered update (in arrival
+  order), the queue pushes and M0, Temp (Eq. 18, when `queue_full`; otherwise `temp` stays), the weights
+  (Eq. 19) and the new global model (Eq. 20). (Its sketch s̃_g is the flush's second call.)
 
   The ring position `start`, `fill_index` and the switches are traced, so the call compiles once per buffer
-  length; R and D_b come in as `sketch_inputs` rather than closed over (a closed-over R would be baked into
-  the program as a constant)."""
+  length."""
   kappas, norms = _kappas_and_norms(sketches, deltas, global_sketch)
   queue, m0 = _push(queue, m0, norms, start, fill_index)
   temp = jnp.where(queue_full, temperature(queue, m0, gamma, delta), temp)
   weights = flush_weights(kappas, temp, use_softmax)
   params = tree_add_scaled(params, deltas, weights)
-  return {"params": params, "global_sketch": sketch_of(params, *sketch_inputs), "queue": queue, "m0": m0,
-          "temperature": temp, "last_kappas": kappas, "last_weights": weights, "last_norms": norms}
+  return {"params": params, "queue": queue, "m0": m0, "temperature": temp, "last_kappas": kappas,
+          "last_weights": weights, "last_norms": norms}
 
 
 def _entries(vectors: Sequence[jax.Array], count: int) -> tuple[tuple[jax.Array, ...], ...]:
@@ -245,8 +246,8 @@ class FedPSA(Strategy):
     s = config.sensitivity
     R = sensitivity.projection_matrix(seeding.device_key(ctx.seed, "fedpsa/projection"), s.sketch_dim,
                                       sensitivity.num_params(ctx.params_shape))
-    # One sketch function, s̃ = sketch_of(params, R, x, y) (Eqs. 8, 11), for the clients, `init` and the
-    # server's round: the round calls it inside its own jit, with R and D_b as arguments.
+    # One sketch function, s̃ = sketch_of(params, R, x, y) (Eqs. 8, 11), compiled once for the clients, `init`
+    # and the server's rounds; R and D_b are arguments (a closed-over R would be baked into the program).
     self._sketch_of = jax.jit(functools.partial(
         sensitivity._sketch_of, ctx.apply_fn, chunk_size=s.chunk_size,
         use_sensitivity=not self.hparams.no_sensitivity, method=s.fisher))
@@ -277,7 +278,7 @@ class FedPSA(Strategy):
 
   def receive(self, state: FedPSAState, arrivals: Sequence[Arrival]) -> tuple[FedPSAState, bool]:
     """Buffers the arrivals (Algorithm 1 line 16, deferred: see the module docstring); a full buffer is one
-    round, computed by one jitted call."""
+    round, computed by two jitted calls (the module docstring)."""
     if self._alignment_fn is not None:  # against the global model as it is before this receive's flush
       state = state.replace(last_alignments=self._alignment_fn(
           state.params, tuple(a.params_start for a in arrivals), tuple(a.delta for a in arrivals)))
@@ -289,15 +290,17 @@ class FedPSA(Strategy):
 
   def _flush(self, state: FedPSAState) -> FedPSAState:
     """Algorithm 1 lines 16-31 for the whole buffer: `_aggregate`, with what the host knows (the ring position,
-    which push, if any, fills the queue for the first time, which weighting applies) passed as traced values."""
+    which push, if any, fills the queue for the first time, which weighting applies) passed as traced values,
+    then the new global model's sketch."""
     h, n, count = self.hparams, len(state.deltas), state.queue_count
     queue_full = count + n >= h.queue_length  # after this round's pushes
     fill_index = h.queue_length - 1 - count if count < h.queue_length <= count + n else -1
     out = _aggregate(state.params, state.deltas, state.sketches, state.global_sketch, state.queue, state.m0,
                      state.temperature, np.int32(count % h.queue_length), np.int32(fill_index),
                      np.bool_(queue_full and not h.no_temperature), np.bool_(queue_full or h.no_temperature),
-                     self._sketch_inputs, sketch_of=self._sketch_of, gamma=float(h.gamma), delta=float(h.delta))
-    return state.replace(**out, deltas=(), sketches=(), queue_count=count + n)
+                     gamma=float(h.gamma), delta=float(h.delta))
+    return state.replace(**out, global_sketch=self._sketch(out["params"]), deltas=(), sketches=(),
+                         queue_count=count + n)
 
   def diagnostics(self, state: FedPSAState) -> dict[str, Any]:
     """Temp and the κ and weights of the last flush, as device arrays (the host reads them when it writes)."""
