@@ -107,7 +107,8 @@ def _preload_allocator() -> None:
     os.execve(sys.executable, getattr(sys, "orig_argv", [sys.executable, *sys.argv]), environ)
 
 
-_preload_allocator()
+if __name__ == "__main__":  # (not when imported, e.g. by a test: that would re-execute the importer)
+  _preload_allocator()
 _force_host_devices(sys.argv)
 
 import ml_collections  # noqa: E402  (after XLA_FLAGS is set)

@@ -120,7 +120,7 @@ def _launch_module() -> dict:
   """launch.py's definitions before it acts (importing it would set XLA_FLAGS and could re-execute)."""
   with open(os.path.join(_ROOT, "launch.py")) as f:
     source = f.read()
-  head = source[:source.index("_preload_allocator()\n_force_host_devices(sys.argv)")]
+  head = source[:source.index("if __name__ == \"__main__\":  # (not when imported")]
   namespace = {"__name__": "launch_head"}
   exec(compile(head, "launch.py", "exec"), namespace)
   return namespace
