@@ -43,12 +43,15 @@ def run_once(method: str, workdir: str) -> dict:
              f"--host_devices={FLAGS.host_devices}", f"--config.method={method}", "--config.output.progress=False",
              f"--config.sim.virtual_days={FLAGS.days}", f"--workdir={workdir}"] + [
                  f"--config.{field}" for field in FLAGS.overrides]
-  start = time.perf_counter()
-  child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-  _, status, usage = os.wait4(child.pid, 0)
-  wall = time.perf_counter() - start
-  stderr = child.stderr.read()
-  child.stderr.close()
+  # stderr to a file, not a pipe: nothing reads a pipe while wait4 waits, and a full one would stall the run.
+  with tempfile.TemporaryFile("w+") as log:
+    start = time.perf_counter()
+    child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - start
+    child.returncode = os.waitstatus_to_exitcode(status)  # (so that Popen does not wait for it again)
+    log.seek(0)
+    stderr = log.read()
   if os.waitstatus_to_exitcode(status) != 0:
     raise SystemExit(f"{method}: launch.py failed:\n{stderr[-2000:]}")
   with open(os.path.join(workdir, "summary.json")) as f:

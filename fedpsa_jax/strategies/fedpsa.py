@@ -19,12 +19,12 @@ and the flush computes, in arrival order, every κ_i and m_i, the queue pushes, 
 round, Temp, the weights and the new w (`_aggregate`), then the new w's sketch s̃_g (the clients' sketch
 function). The sketch is a call of its own because `_aggregate` compiles once per buffer length: with the
 sketch (the per-sample-gradient Fisher) inside, every length compiled it again (~5 s more compile time on the
-default job, and the compiler's memory), where as its own call it compiles once for clients and server. The aggregation is that of the per-arrival
-description (same queue, M0 and Temp at each flush); what differs is what the state shows between flushes:
-`queue`, `queue_count`, `m0` and `temperature` (and so `diagnostics`' thermometer) are those of the last flush.
-`event_records` (events.jsonl only) takes a flush's κ_i and m_i from the state (`last_kappas`, `last_norms`) and
-computes those of updates still buffered in one small call; it and `diagnostics` return device arrays, which
-the runner reads when it writes them.
+default job, and the compiler's memory); as its own call it compiles once, for clients and server alike.
+The aggregation is that of the per-arrival description (same queue, M0 and Temp at each flush); what
+differs is what the state shows between flushes: `queue`, `queue_count`, `m0` and `temperature` (and so
+`diagnostics`' thermometer) are those of the last flush. `event_records` (events.jsonl only) takes a flush's
+κ_i and m_i from the state (`last_kappas`, `last_norms`) and computes those of updates still buffered in
+one small call; it and `diagnostics` return device arrays, which the runner reads when it writes them.
 
 Ablations (the paper's Table 6, Sec. 6.4), and how they are read here. The paper names what each removes
 but not what replaces it; these readings are ours:
