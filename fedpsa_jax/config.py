@@ -117,7 +117,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.local.batch_size = 64  # B; the last partial batch of an epoch is kept (masked), not dropped
   c.local.lr = 0.01  # initial client learning rate
   c.local.lr_decay = 0.999  # lr_r = lr * lr_decay**r, r the global round at dispatch
-  c.local.loop = "auto"  # unrolled: a host loop over compiled calls of a few steps (CPU); rolled: one fori_loop (GPU)
+  # unrolled: a host loop over compiled calls of a few steps (CPU, conv models); rolled: a whole client update
+  # in one compiled call (GPU; CPU without convolutions); auto: whichever of the two local.resolve_loop names.
+  c.local.loop = "auto"
   # unrolled loop: at most this many SGD steps per compiled call (also the t-indexed chunks of vmap/sharded).
   # 1 on CPU: one-step calls run as fast as longer unrolled ones and compile far less
   # (benchmarks/unroll.py; MNIST CNN: 1.8 s for one step against 11 s for 16)

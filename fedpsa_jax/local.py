@@ -12,7 +12,10 @@ How the steps are looped is a per-backend choice; the measurements behind it: do
   then powers of two, and then the partial batch at its own size, the next power of two >= n mod B (at
   least 8), masked past n. Compiled programs: one per (steps per call, rows per batch), so with
   max_unroll = 1 at most one per batch size (B, 8, 16, 32, ...) whatever the clients' sizes.
-- `rolled`: one `fori_loop` over t-indexed steps (the natural choice on GPU, no recompilation).
+- `rolled` (`train_job`, one client): the whole job in one compiled call: its shuffle, then per epoch a
+  `fori_loop` over the full batches (a traced count) and the partial batch at its own size, so one program
+  per partial-batch size whatever the clients' sizes. The natural choice on GPU, and on a CPU for models
+  without convolutions, whose steps are short enough that a call per step costs more than the step.
 - Batched execution of many clients (`train_batch`, vmapped) uses t-indexed full-size steps: every step
   knows its global index t, so a client with fewer steps than the batch's longest simply masks the
   rest; chunks of at most `max_unroll` unrolled steps, the remainder in powers of two.
@@ -151,6 +154,21 @@ class LocalTrainer:
       params = step(params, t=t0 + i)
     return params
 
+  def run_epochs(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, full, rest, aux=()):
+    """Every epoch of one client, rolled: per epoch a `fori_loop` over its `full` batches of B rows (traced,
+    so one program serves every client size), then the partial batch at `rest` rows (static; 0: none),
+    masked past n: the unrolled schedule's batches (`epoch_plan`) inside one compiled program."""
+    b = self.batch_size
+    step = functools.partial(self.batch_step, anchor=anchor, x_all=x_all, y_all=y_all, index_row=index_row,
+                             num_samples=num_samples, lr=lr, aux=aux)
+
+    def epoch(e, params):
+      order = orders[e]
+      params = jax.lax.fori_loop(0, full, lambda s, p: step(p, order=order, slot=s * b + jnp.arange(b)), params)
+      return step(params, order=order, slot=full * b + jnp.arange(rest)) if rest else params
+
+    return jax.lax.fori_loop(0, self.epochs, epoch, params)
+
   def chunk_sizes(self, total_steps: int) -> list[int]:
     """The unrolled chunks covering `total_steps`: full `max_unroll` chunks, then powers of two."""
     chunks = [self.max_unroll] * (total_steps // self.max_unroll)
@@ -178,6 +196,19 @@ class LocalTrainer:
     compiled call: the executor's per-job key and shuffle cost the host one dispatch, not two."""
     return _job_orders(clients_key, np.uint32(job_id), np.int32(num_samples), max_samples, self.epochs)
 
+  def train_job(self, params: Params, x_all: jax.Array, y_all: jax.Array, index_row: jax.Array, num_samples: int,
+                lr: float | jax.Array, clients_key: jax.Array, job_id: int, aux: Any = (), owned: bool = False) -> Params:
+    """Job `job_id`'s client update: `train_in_order` under its `job_orders`. Rolled, the shuffle and every
+    epoch are one compiled call (where a dense model's steps are short, each call's dispatch is a large
+    part of a job's host time); `clients_key` must be on the device of the other arguments."""
+    if self.loop != "rolled":
+      orders = self.job_orders(clients_key, job_id, num_samples, index_row.shape[0])
+      return self.train_in_order(params, x_all, y_all, index_row, num_samples, lr, orders, aux, owned)
+    full, rest = self.epoch_plan(num_samples)
+    lr = np.float32(lr) if not isinstance(lr, jax.Array) else lr
+    return _run_job(self, params, params if self.uses_anchor else (), x_all, y_all, index_row, clients_key,
+                    np.uint32(job_id), np.int32(num_samples), lr, np.int32(full), rest, aux)
+
   @property
   def uses_anchor(self) -> bool:
     """Whether a step reads the dispatched parameters (FedProx's term, FedPAC's loss)."""
@@ -195,13 +226,14 @@ class LocalTrainer:
     """`train` given the job's epoch orders (`epoch_orders`, e.g. from `job_orders`) instead of its key.
     `owned`: `params` is the caller's to give up (a buffer nobody else holds, e.g. just copied to the
     client's device), so the first step may consume it rather than a copy."""
-    total = num_local_steps(int(num_samples), self.batch_size, self.epochs)
     # NumPy scalars, not jnp.asarray: jit's C++ dispatch takes them directly, where an eager conversion
     # costs ~0.1 ms of host time each (benchmarks/host_overhead.py).
     n = np.int32(num_samples)
     lr = np.float32(lr) if not isinstance(lr, jax.Array) else lr
     if self.loop == "rolled":  # (one call: nothing in flight between steps to save)
-      return _run_rolled(self, params, params, x_all, y_all, index_row, orders, n, lr, np.int32(total), aux)
+      full, rest = self.epoch_plan(num_samples)
+      anchor = params if self.uses_anchor else ()
+      return _run_epochs(self, params, anchor, x_all, y_all, index_row, orders, n, lr, np.int32(full), rest, aux)
     params, anchor = self._working_copy(params, owned)
     calls = self.epoch_calls(num_samples)
     for epoch in range(self.epochs):
@@ -275,17 +307,26 @@ def _run_batches(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr
   return trainer.run_batches(params, anchor, x_all, y_all, index_row, orders, n, lr, epoch, start, count, rows, aux)
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
-def _run_rolled(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr, total, aux=()):
-  return trainer.run_steps(params, anchor, x_all, y_all, index_row, orders, n, lr, jnp.int32(0), total, aux)
+@functools.partial(jax.jit, static_argnums=(0, 10))
+def _run_epochs(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr, full, rest, aux=()):
+  return trainer.run_epochs(params, anchor, x_all, y_all, index_row, orders, n, lr, full, rest, aux)
 
 
-def resolve_loop(loop: str, platform: str | None = None) -> str:
-  """'auto' -> 'unrolled' on CPU (measured: rolled conv loops are ~28x slower there), else 'rolled'."""
+@functools.partial(jax.jit, static_argnums=(0, 11))
+def _run_job(trainer, params, anchor, x_all, y_all, index_row, clients_key, job_id, n, lr, full, rest, aux=()):
+  orders = epoch_orders(jax.random.fold_in(clients_key, job_id), n, index_row.shape[0], trainer.epochs)
+  return trainer.run_epochs(params, anchor, x_all, y_all, index_row, orders, n, lr, full, rest, aux)
+
+
+def resolve_loop(loop: str, platform: str | None = None, convolutional: bool = True) -> str:
+  """What 'auto' stands for (docs/performance.md has the measurements): 'rolled' off the CPU; on a CPU
+  'unrolled' for a model with convolutions (XLA:CPU runs a convolution inside a loop body ~28x slower) and
+  'rolled' for one without (a dense model's steps are short, and one call per job instead of one per step
+  made FedBuff on the linear model ~30% faster, with the same bits)."""
   if loop != "auto":
     return loop
   platform = platform or jax.default_backend()
-  return "unrolled" if platform == "cpu" else "rolled"
+  return "unrolled" if platform == "cpu" and convolutional else "rolled"
 
 
 def proximal_term(mu: float) -> Regularizer:

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 import flax.linen as nn
 import jax
+import jax.extend
 import jax.numpy as jnp
 from jax import lax
 
@@ -262,6 +263,17 @@ def classifier_layer(params: Mapping[str, Any]) -> str:
   if not dense:
     raise ValueError(f"no Dense layer among the parameters {sorted(layers)}")
   return max(dense, key=lambda name: int(name.split("_")[1]))
+
+
+def has_convolution(apply_fn: Any, params: Any, x: jnp.ndarray) -> bool:
+  """Whether `apply_fn(params, x)` runs a convolution (read from its jaxpr, nested calls included): on a CPU
+  the local loop's best form depends on it (local.resolve_loop)."""
+
+  def walk(jaxpr) -> bool:
+    return any(eqn.primitive.name == "conv_general_dilated"
+               or any(walk(sub) for sub in jax.extend.core.jaxprs_in_params(eqn.params)) for eqn in jaxpr.eqns)
+
+  return walk(jax.make_jaxpr(apply_fn)(params, x).jaxpr)
 
 
 def get_model(name: str, num_classes: int, init: str = "torch") -> nn.Module:

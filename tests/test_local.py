@@ -135,9 +135,39 @@ def test_num_local_steps():
 
 
 def test_resolve_loop():
-  assert local.resolve_loop("auto", "cpu") == "unrolled"
-  assert local.resolve_loop("auto", "gpu") == "rolled"
+  assert local.resolve_loop("auto", "cpu") == "unrolled"  # (a model is taken to convolve unless told)
+  assert local.resolve_loop("auto", "cpu", convolutional=True) == "unrolled"
+  assert local.resolve_loop("auto", "cpu", convolutional=False) == "rolled"
+  assert local.resolve_loop("auto", "gpu", convolutional=True) == "rolled"
   assert local.resolve_loop("rolled", "cpu") == "rolled"
+  assert local.resolve_loop("unrolled", "gpu", convolutional=False) == "unrolled"
+
+
+@pytest.mark.parametrize("n", [64, 70, 90])  # no partial batch; a partial batch of 6 (8 rows); of 26 (32 rows)
+@pytest.mark.parametrize("mu", [0.0, 0.5])  # (0.5: every step reads the anchor)
+def test_train_job_is_the_job_shuffle_then_training(problem, n, mu):
+  """`train_job` (rolled: shuffle and all epochs in one call) equals the reference loop under the job's key
+  fold_in(clients_key, job_id), and the unrolled path's result."""
+  model, params, x, y, index_row = problem
+  clients_key, job_id = jax.random.key(9), 17
+  regularizer = local.proximal_term(mu) if mu else None
+  want = reference_train(model, params, x, y, index_row, n, 0.1, jax.random.fold_in(clients_key, job_id), 32, 2, mu=mu)
+  for loop in ("rolled", "unrolled"):
+    trainer = local.LocalTrainer(model.apply, batch_size=32, epochs=2, loop=loop, regularizer=regularizer)
+    got = trainer.train_job(params, x, y, index_row, n, np.float32(0.1), clients_key, job_id)
+    assert_trees_close(got, want, steps=2 * local.num_local_steps(n, 32, 1))
+
+
+def test_rolled_job_compiles_once_per_partial_batch_size(problem):
+  """The rolled job's loop over full batches is traced: every client size shares one program per size of the
+  partial batch (none, 8, 16 or 32 rows for B = 32), however many full batches it has."""
+  model, params, x, y, index_row = problem
+  trainer = local.LocalTrainer(model.apply, batch_size=32, epochs=1, loop="rolled")
+  before = local._run_job._cache_size()
+  sizes = range(1, 101)
+  for n in sizes:
+    trainer.train_job(params, x, y, index_row, n, np.float32(0.1), jax.random.key(0), n)
+  assert local._run_job._cache_size() - before == len({trainer.epoch_plan(n)[1] for n in sizes}) == 4
 
 
 def _spy_chain(monkeypatch, name):

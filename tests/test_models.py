@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 from fedpsa_jax import sensitivity
-from fedpsa_jax.models import get_model
+from fedpsa_jax.models import get_model, has_convolution
 
 
 def conv(k: int, c_in: int, c_out: int) -> int:
@@ -128,3 +128,23 @@ def test_init_is_the_configs_and_checked():
     get_model("mnist_cnn", 10, "lecun")
   torch, flax_ = (_layers("mnist_cnn", 10, (28, 28, 1), i) for i in ("torch", "flax"))
   assert not np.allclose(np.asarray(torch["Dense_0"]["kernel"]), np.asarray(flax_["Dense_0"]["kernel"]))
+
+
+@pytest.mark.parametrize("name,classes,shape", INIT_MODELS)
+def test_has_convolution_reads_the_model(name, classes, shape):
+  """True exactly for the models with a Conv layer among their parameters (the reference: their names)."""
+  model = get_model(name, classes)
+  x = jnp.zeros((2, *shape), jnp.float32)
+  params = model.init(jax.random.key(0), x)
+  convolves = any(layer.startswith("Conv") for layer in params["params"])
+  assert has_convolution(model.apply, params, x) == convolves
+  assert convolves == (name in ("mnist_cnn", "cifar_cnn", "aifed_cnn"))  # (both kinds are exercised)
+
+
+def test_has_convolution_looks_inside_nested_calls():
+  """A convolution inside a nested jitted call still counts."""
+  kernel = jnp.ones((3, 3, 1, 2))
+  conv_fn = lambda x: jax.lax.conv_general_dilated(x, kernel, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  x = jnp.ones((1, 5, 5, 1))
+  assert has_convolution(lambda p, x: jax.jit(conv_fn)(x) * p, 1.0, x)
+  assert not has_convolution(lambda p, x: jax.jit(jnp.tanh)(x) * p, 1.0, x)

@@ -65,18 +65,14 @@ def _run(method: str, execution: str, workdir, monkeypatch) -> Observed:
   trained: list[tuple[tuple[int, int], float]] = []  # (key bits, lr) of every batched local training call
   trained_ids: list[tuple[int, float]] = []  # (job id, lr) of every loop training call
   train_batch = local.LocalTrainer.train_batch
-  job_orders, train_in_order = local.LocalTrainer.job_orders, local.LocalTrainer.train_in_order
-  shuffled: list[int] = []  # job ids whose shuffle was drawn and whose training is not issued yet
+  train_job = local.LocalTrainer.train_job
 
-  def spy_job_orders(self, clients_key, job_id, num_samples, max_samples):
-    # (The loop executor draws a job's shuffle, from fold_in(clients key, job id), right before its training.)
+  def spy_train_job(self, params, x_all, y_all, index_row, num_samples, lr, clients_key, job_id, aux=(), owned=False):
+    # (The loop executor trains each job with one train_job call, its shuffle from fold_in(clients key, job id).)
     assert _key_bits(clients_key)[0].tolist() == _key_bits(seeding.device_key(config.seed, "clients"))[0].tolist()
-    shuffled.append(int(job_id))
-    return job_orders(self, clients_key, job_id, num_samples, max_samples)
-
-  def spy_train_in_order(self, params, x_all, y_all, index_row, num_samples, lr, orders, aux=(), owned=False):
-    trained_ids.append((shuffled.pop(), float(lr)))
-    return train_in_order(self, params, x_all, y_all, index_row, num_samples, lr, orders, aux=aux, owned=owned)
+    trained_ids.append((int(job_id), float(lr)))
+    return train_job(self, params, x_all, y_all, index_row, num_samples, lr, clients_key, job_id, aux=aux,
+                     owned=owned)
 
   def spy_train_batch(self, params, x_all, y_all, index_rows, num_samples, lr, keys, total_steps, aux=(), mesh=None,
                       owned=False):
@@ -85,8 +81,7 @@ def _run(method: str, execution: str, workdir, monkeypatch) -> Observed:
         trained.append((tuple(bits), float(rate)))
     return train_batch(self, params, x_all, y_all, index_rows, num_samples, lr, keys, total_steps, aux, mesh, owned)
 
-  monkeypatch.setattr(local.LocalTrainer, "job_orders", spy_job_orders)
-  monkeypatch.setattr(local.LocalTrainer, "train_in_order", spy_train_in_order)
+  monkeypatch.setattr(local.LocalTrainer, "train_job", spy_train_job)
   monkeypatch.setattr(local.LocalTrainer, "train_batch", spy_train_batch)
   sim = runner.Simulation(config, str(workdir))
   assert sim.execution == execution

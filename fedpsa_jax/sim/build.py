@@ -23,7 +23,7 @@ from fedpsa_jax.compiles import CompileCounter
 from fedpsa_jax.data.federated import FederatedData, build_federated_data, split_client_test
 from fedpsa_jax.data.partition import partition_labels
 from fedpsa_jax.data.sources import Dataset, load_dataset
-from fedpsa_jax.models import get_model
+from fedpsa_jax.models import get_model, has_convolution
 from fedpsa_jax.sim.executor import ClientExecutor, make_executor, resolve_execution
 from fedpsa_jax.sim.latency import LatencyModel
 from fedpsa_jax.sim.scheduler import Scheduler
@@ -105,7 +105,8 @@ def build_run(config: ml_collections.ConfigDict, compiles: CompileCounter | None
                        strategy.init(jax.device_put(params, home)))
   trainer = local.LocalTrainer(
       apply_fn=model.apply, batch_size=config.local.batch_size, epochs=config.local.epochs,
-      regularizer=strategy.client.regularizer, loop=local.resolve_loop(config.local.loop),
+      regularizer=strategy.client.regularizer,
+      loop=local.resolve_loop(config.local.loop, convolutional=has_convolution(model.apply, params, init_x)),
       max_unroll=config.local.max_unroll, loss=strategy.client.loss)
   execution = resolve_execution(config.local.execution)
   executor = make_executor(execution, trainer, fed, strategy, seeding.device_key(config.seed, "clients"), compiles,

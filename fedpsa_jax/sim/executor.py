@@ -227,7 +227,8 @@ class LoopExecutor(ClientExecutor):
     # gather (~0.2 ms of host time per job).
     self.device_rows = {d: self.client_rows if d == self.home else list(data[2])
                         for d, data in self.device_data.items()}
-    self.max_samples = int(fed.client_indices.shape[1])  # the width of an index row
+    # The clients' key on each device: a job's shuffle is drawn where it trains (fold_in(key, job id)).
+    self.device_keys = {d: jax.device_put(clients_key, d) for d in self.devices}
 
   def submit(self, job: Job) -> None:
     """Issues the job's training now, on the client device with the least work so far (the host does not
@@ -263,13 +264,12 @@ class LoopExecutor(ClientExecutor):
     steps = self.steps_of(job)
     x_all, y_all, _ = self.device_data[device]
     num_samples = int(self.fed.client_sizes[client])
-    # The job's shuffle is drawn where its key lives (the server's device) and travels with its parameters.
-    orders = self.trainer.job_orders(self.clients_key, job.dispatch.job_id, num_samples, self.max_samples)
-    params, orders, aux = (job.params_start, orders, job.aux) if device == self.home else \
-        jax.device_put((job.params_start, orders, job.aux), device)
+    params, aux = (job.params_start, job.aux) if device == self.home else \
+        jax.device_put((job.params_start, job.aux), device)
     # A copy on another device is this job's own: its first step may consume it (local.py, donation).
-    params_end = self.trainer.train_in_order(params, x_all, y_all, self.device_rows[device][client], num_samples,
-                                             job.lr, orders, aux=aux, owned=device != self.home)
+    params_end = self.trainer.train_job(params, x_all, y_all, self.device_rows[device][client], num_samples,
+                                        job.lr, self.device_keys[device], job.dispatch.job_id, aux=aux,
+                                        owned=device != self.home)
     self.stats.batches += 1
     self.stats.jobs += 1
     self.stats.steps_needed += steps
