@@ -154,8 +154,8 @@ class Profiler:
     R = sensitivity.projection_matrix(jax.random.key(0), c.sensitivity.sketch_dim, d)
     self.add("sketch", compiled_cost(sensitivity.sketch, R, self.params),
              functools.partial(jax.jit(sensitivity.sketch), R, self.params), k=c.sensitivity.sketch_dim, d=d)
-    # What a FedPSA client adds to its update: g, Fisher, Eq. 8 and the sketch in one compiled call,
-    # on the configured calibration batch and Fisher path.
+    # What a FedPSA client adds to its update: g, Fisher, Eq. 8 and the sketch, on the configured calibration
+    # batch and Fisher path (costed here as one program; a run makes it two calls: sensitivity.sketch_of).
     x, y = calibration_batch(ctx, c.sensitivity.calibration, c.sensitivity.calibration_size)
     whole = lambda p, x, y: sensitivity._sketch_of(self.apply_fn, p, R, x, y, chunk_size=c.sensitivity.chunk_size,
                                                    use_sensitivity=True, method=c.sensitivity.fisher)

@@ -68,7 +68,7 @@ def test_counter_sees_eager_ops_and_the_fast_path():
 
 
 @pytest.mark.parametrize("buffer_size,sizes", [(3, (1, 1, 1)), (9, (1,) * 9), (9, (2, 3, 4)), (3, (1, 3))])
-def test_a_round_is_two_jitted_calls_however_many_arrivals(buffer_size, sizes):
+def test_a_round_is_three_jitted_calls_however_many_arrivals(buffer_size, sizes):
   strategy, state = _fedpsa(buffer_size=buffer_size, queue_length=4)
   rng = np.random.default_rng(0)
   # Two rounds: the queue (L_q = 4) fills during the first or the second, and both are counted.
@@ -80,7 +80,8 @@ def test_a_round_is_two_jitted_calls_however_many_arrivals(buffer_size, sizes):
       assert not changed and sum(counts.values()) == 0, counts  # no device work before the flush
     with count_executions() as counts:
       state, changed = strategy.receive(state, groups[-1])
-    assert changed and counts == {"jit(_aggregate)": 1, "jit(_sketch_of)": 1}, counts
+    # (The aggregation, then the new global model's sensitivity and its projection: sensitivity.sketch_of.)
+    assert changed and counts == {"jit(_aggregate)": 1, "jit(_sensitivity_of)": 1, "jit(sketch)": 1}, counts
     with count_executions() as counts:
       diagnostics = strategy.diagnostics(state)
     assert sum(counts.values()) == 0, counts

@@ -396,6 +396,20 @@ def test_make_sketch_fn_matches_numpy():
     assert_close(got, want, _tol(x) + f32_tolerance(d))  # Eq. 8's rounding, then d products per entry
 
 
+@pytest.mark.parametrize("use_sensitivity", [True, False])
+def test_sketch_of_in_two_calls_is_the_one_program(use_sensitivity):
+  """`sketch_of` (the sensitivity, then the projection, as two compiled calls) equals `_sketch_of` compiled as
+  one program, up to the summation order of the projection's d products."""
+  apply_fn, params, x, y = _setup(TinyMLP(), (6, 6, 1), 10, seed=5)
+  d = S.num_params(params)
+  R = S.projection_matrix(jax.random.key(3), 16, d)
+  kwargs = dict(chunk_size=4, use_sensitivity=use_sensitivity, method="auto")
+  got = S.sketch_of(apply_fn, params, R, x, y, **kwargs)
+  want = jax.jit(functools.partial(S._sketch_of, apply_fn, **kwargs))(params, R, x, y)
+  assert float(jnp.max(jnp.abs(want))) > 0
+  assert_close(got, want, f32_tolerance(d))
+
+
 def test_num_params_mnist_cnn():
   params = jax.eval_shape(MnistCNN().init, jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
   assert S.num_params(params) == 1_663_370
