@@ -84,3 +84,31 @@ class TrimAfterCompiles:
     if self._open:
       _open_trimmers[0] -= 1
       self._open = False
+
+
+class HeapTrimmer:
+  """What a run does under `memory.trim_heap`, in one place: while open, trims after every compile
+  (`TrimAfterCompiles`), after each evaluation (`after_evaluation`) and at most once a second of rounds
+  (`after_round`, a `PeriodicTrim`); disabled (the default: trimming costs speed, docs/performance.md),
+  none of these trims."""
+
+  def __init__(self, enabled: bool, every_seconds: float = 1.0):
+    self.enabled = enabled
+    self.after_compiles = TrimAfterCompiles()
+    self.periodic = PeriodicTrim(every_seconds)
+
+  def open(self) -> "HeapTrimmer":
+    if self.enabled:
+      self.after_compiles.open()
+    return self
+
+  def close(self) -> None:
+    self.after_compiles.close()
+
+  def after_round(self) -> None:
+    if self.enabled:
+      self.periodic.maybe()
+
+  def after_evaluation(self) -> None:
+    if self.enabled:
+      trim_heap()

@@ -62,7 +62,7 @@ def test_by_default_the_run_never_trims(monkeypatch):
   monkeypatch.setattr(memory, "_MALLOC_TRIM", lambda pad: calls.append(pad) or 1)
   monkeypatch.setattr(memory, "_open_trimmers", [0])
   sim = runner.Simulation(small_config("fedbuff", days=0.01, eval__every_days=0.002))
-  sim.periodic_trim.every_seconds = 0.0  # (would trim at every round if it were on)
+  sim.trimmer.periodic.every_seconds = 0.0  # (would trim at every round if it were on)
   jax.jit(lambda x: x * 7 - 3)(jnp.arange(5.0))  # a compile no earlier test made
   sim.run_until(0.01)
   assert len(sim.history) > 2 and sim.loop.round > 2  # evaluations and rounds happened

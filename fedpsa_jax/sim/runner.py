@@ -102,18 +102,14 @@ class Simulation:
       rundir.lock()  # (ConfigError naming the other run's pid; the Recorder holds it until `close`)
     self.compiles = CompileCounter().open()  # every XLA compile of this run (warm-up included)
     # memory.trim_heap: freed memory back to the OS after compiles, at evaluations and once a second of rounds
-    self.trim_heap = bool(config.memory.trim_heap)
-    self.trimming = memory.TrimAfterCompiles()
-    if self.trim_heap:
-      self.trimming.open()
-    self.periodic_trim = memory.PeriodicTrim()
+    self.trimmer = memory.HeapTrimmer(bool(config.memory.trim_heap)).open()
     try:
       data = build_data(config)  # (and `config.validate_data`: values only the data rules out)
       config_lib.validate_model(config, _num_params(config, data[0]))  # (FedPSA's projection, by the model)
       self.run_parts = run = build_run(config, self.compiles, data)
     except BaseException:  # (a Ctrl-C while the data loads or the run builds, too)
       self.compiles.close()
-      self.trimming.close()
+      self.trimmer.close()
       _abandon(rundir, workdir, created)
       raise
     self.dataset, self.fed, self.model, self.strategy = run.dataset, run.fed, run.model, run.strategy
@@ -227,8 +223,7 @@ class Simulation:
     self.rounds_in_flight.append(self.state)
     if len(self.rounds_in_flight) > ROUNDS_AHEAD:
       jax.block_until_ready(self.rounds_in_flight.popleft())
-    if self.trim_heap:
-      self.periodic_trim.maybe()
+    self.trimmer.after_round()
 
   # --- outputs --------------------------------------------------------------------------------------
 
@@ -254,8 +249,7 @@ class Simulation:
     record = to_host(record)  # (the strategy's values may be device arrays: one read for all)
     self.history.append(record)
     self.recorder.metrics(record)
-    if self.trim_heap:
-      memory.trim_heap()  # (what the evaluation and the rounds since the last one freed)
+    self.trimmer.after_evaluation()  # (what the evaluation and the rounds since the last one freed)
     if self.config.stop_on_nan and not (math.isfinite(record["test_loss"]) and metrics.tree_is_finite(params)):
       loop.status = "diverged"
       loop.diverged_at = {"round": loop.round, "time": t, "day": t / config_lib.UNITS_PER_DAY}
@@ -362,7 +356,7 @@ class Simulation:
   def close(self) -> None:
     """Closes the outputs and the checkpoint store (the run can be resumed from its workdir later)."""
     self.compiles.close()
-    self.trimming.close()
+    self.trimmer.close()
     self.recorder.close()
 
   # --- checkpoints ----------------------------------------------------------------------------------
