@@ -197,7 +197,8 @@ class LocalTrainer:
     return _job_orders(clients_key, np.uint32(job_id), np.int32(num_samples), max_samples, self.epochs)
 
   def train_job(self, params: Params, x_all: jax.Array, y_all: jax.Array, index_row: jax.Array, num_samples: int,
-                lr: float | jax.Array, clients_key: jax.Array, job_id: int, aux: Any = (), owned: bool = False) -> Params:
+                lr: float | jax.Array, clients_key: jax.Array, job_id: int, aux: Any = (),
+                owned: bool = False) -> Params:
     """Job `job_id`'s client update: `train_in_order` under its `job_orders`. Rolled, the shuffle and every
     epoch are one compiled call (where a dense model's steps are short, each call's dispatch is a large
     part of a job's host time); `clients_key` must be on the device of the other arguments."""

@@ -144,7 +144,8 @@ def test_has_convolution_reads_the_model(name, classes, shape):
 def test_has_convolution_looks_inside_nested_calls():
   """A convolution inside a nested jitted call still counts."""
   kernel = jnp.ones((3, 3, 1, 2))
-  conv_fn = lambda x: jax.lax.conv_general_dilated(x, kernel, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  conv_fn = lambda x: jax.lax.conv_general_dilated(x, kernel, (1, 1), "SAME",
+                                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
   x = jnp.ones((1, 5, 5, 1))
   assert has_convolution(lambda p, x: jax.jit(conv_fn)(x) * p, 1.0, x)
   assert not has_convolution(lambda p, x: jax.jit(jnp.tanh)(x) * p, 1.0, x)
