@@ -205,10 +205,17 @@ class LocalTrainer:
     if self.loop != "rolled":
       orders = self.job_orders(clients_key, job_id, num_samples, index_row.shape[0])
       return self.train_in_order(params, x_all, y_all, index_row, num_samples, lr, orders, aux, owned)
+    anchor, n, lr, full, rest = self._rolled_args(params, num_samples, lr)
+    return _run_job(self, params, anchor, x_all, y_all, index_row, clients_key, np.uint32(job_id), n, lr, full,
+                    rest, aux)
+
+  def _rolled_args(self, params: Params, num_samples: int, lr: float | jax.Array) -> tuple:
+    """(anchor, n, lr, full batches, partial rows) of a rolled call. NumPy scalars, not jnp.asarray: jit's C++
+    dispatch takes them directly, where an eager conversion costs ~0.1 ms of host time each
+    (benchmarks/host_overhead.py)."""
     full, rest = self.epoch_plan(num_samples)
     lr = np.float32(lr) if not isinstance(lr, jax.Array) else lr
-    return _run_job(self, params, params if self.uses_anchor else (), x_all, y_all, index_row, clients_key,
-                    np.uint32(job_id), np.int32(num_samples), lr, np.int32(full), rest, aux)
+    return params if self.uses_anchor else (), np.int32(num_samples), lr, np.int32(full), rest
 
   @property
   def uses_anchor(self) -> bool:
@@ -227,14 +234,11 @@ class LocalTrainer:
     """`train` given the job's epoch orders (`epoch_orders`, e.g. from `job_orders`) instead of its key.
     `owned`: `params` is the caller's to give up (a buffer nobody else holds, e.g. just copied to the
     client's device), so the first step may consume it rather than a copy."""
-    # NumPy scalars, not jnp.asarray: jit's C++ dispatch takes them directly, where an eager conversion
-    # costs ~0.1 ms of host time each (benchmarks/host_overhead.py).
-    n = np.int32(num_samples)
-    lr = np.float32(lr) if not isinstance(lr, jax.Array) else lr
     if self.loop == "rolled":  # (one call: nothing in flight between steps to save)
-      full, rest = self.epoch_plan(num_samples)
-      anchor = params if self.uses_anchor else ()
-      return _run_epochs(self, params, anchor, x_all, y_all, index_row, orders, n, lr, np.int32(full), rest, aux)
+      anchor, n, lr, full, rest = self._rolled_args(params, num_samples, lr)
+      return _run_epochs(self, params, anchor, x_all, y_all, index_row, orders, n, lr, full, rest, aux)
+    n = np.int32(num_samples)  # (NumPy scalars for jit's C++ dispatch: `_rolled_args`)
+    lr = np.float32(lr) if not isinstance(lr, jax.Array) else lr
     params, anchor = self._working_copy(params, owned)
     calls = self.epoch_calls(num_samples)
     for epoch in range(self.epochs):
@@ -315,8 +319,9 @@ def _run_epochs(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr,
 
 @functools.partial(jax.jit, static_argnums=(0, 11))
 def _run_job(trainer, params, anchor, x_all, y_all, index_row, clients_key, job_id, n, lr, full, rest, aux=()):
+  """`_run_epochs` under job `job_id`'s shuffle (`job_orders`), drawn inside the same program."""
   orders = epoch_orders(jax.random.fold_in(clients_key, job_id), n, index_row.shape[0], trainer.epochs)
-  return trainer.run_epochs(params, anchor, x_all, y_all, index_row, orders, n, lr, full, rest, aux)
+  return _run_epochs(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr, full, rest, aux)
 
 
 def resolve_loop(loop: str, platform: str | None = None, convolutional: bool = True) -> str:
