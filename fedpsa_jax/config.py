@@ -59,10 +59,11 @@ LOCAL_LOOPS = choices.LOCAL_LOOPS
 # checkpoint. `sim.virtual_days` may grow (to extend a finished run) but not fall below the time of the
 # checkpoint resumed from, and a sweep member is only done at its own budget (`sweep.is_done`);
 # `data.data_dir` only says where the same prepared data now lives; `output.phase_timing` changes only the
-# wall-clock accounting (a resumed run times its phases from where it continued); `memory.trim_heap` only
+# wall-clock accounting (a resumed run times its phases from where it continued); `memory.trim_*` only
 # how much freed memory the process keeps.
 RESUMABLE_FIELDS = ("sim.virtual_days", "output.progress", "output.phase_timing", "checkpoint.every_days",
-                    "checkpoint.keep", "data.data_dir", "memory.trim_heap")
+                    "checkpoint.keep", "data.data_dir", "memory.trim_after_compiles",
+                    "memory.trim_heap")
 
 
 def _strategies() -> dict[str, Any]:
@@ -177,11 +178,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.output.phase_timing = False
 
   c.memory = ml_collections.ConfigDict()
-  # Give the heap's freed pages back to the OS (glibc's malloc_trim) after every compile, at every evaluation
-  # and at most once a second of rounds, so that peak RSS follows what the run holds rather than what malloc
-  # kept. Off by default: it costs speed (measured on the default job, 2-core CPU: FedBuff ~3% slower for
-  # ~230 MB less peak RSS, FedPSA ~15% slower for ~200 MB less; docs/performance.md, "Memory"). Turn it on
-  # where memory is short (many runs side by side). Elsewhere than glibc it does nothing.
+  # Give the heap's freed pages back to the OS (glibc's malloc_trim) after every XLA compile. A compile (LLVM)
+  # frees ~100 MB that glibc's malloc would otherwise keep; compiles come at a run's start, so the trims cost
+  # no measurable speed (default job, 2-core CPU: ~100-150 MB less peak RSS; docs/performance.md, "Memory").
+  # Elsewhere than glibc it does nothing.
+  c.memory.trim_after_compiles = True
+  # Also at every evaluation and at most once a second of rounds, so that peak RSS follows what the run
+  # holds rather than what malloc kept. Off by default: the pages come back as page faults (FedPSA's default
+  # job ~15% slower). Turn it on where memory is short (many runs side by side).
   c.memory.trim_heap = False
 
   c.checkpoint = ml_collections.ConfigDict()
@@ -259,6 +263,7 @@ FIELD_RULES: tuple[tuple[str, Validator], ...] = (
     ("output.events", boolean),
     ("output.progress", boolean),
     ("output.phase_timing", boolean),
+    ("memory.trim_after_compiles", boolean),
     ("memory.trim_heap", boolean),
     ("checkpoint.every_days", number(ge=0, le=MAX_DAYS, note="0: checkpoint only at the end")),
     ("checkpoint.keep", integer(ge=1)),

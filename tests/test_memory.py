@@ -57,17 +57,33 @@ def test_the_run_trims_after_each_compile_and_each_evaluation(monkeypatch):
   assert calls == []
 
 
-def test_by_default_the_run_never_trims(monkeypatch):
+def _trims_of_a_run(monkeypatch, **fields) -> tuple[int, int]:
+  """(trims after a compile made while the run is open, trims during its rounds and evaluations, compiles
+  during them)."""
   calls = []
   monkeypatch.setattr(memory, "_MALLOC_TRIM", lambda pad: calls.append(pad) or 1)
   monkeypatch.setattr(memory, "_open_trimmers", [0])
-  sim = runner.Simulation(small_config("fedbuff", days=0.01, eval__every_days=0.002))
+  sim = runner.Simulation(small_config("fedbuff", days=0.01, eval__every_days=0.002, **fields))
   sim.trimmer.periodic.every_seconds = 0.0  # (would trim at every round if it were on)
-  jax.jit(lambda x: x * 7 - 3)(jnp.arange(5.0))  # a compile no earlier test made
+  x = jax.block_until_ready(jnp.arange(5.0 + len(fields)))
+  calls.clear()
+  jax.jit(lambda x: x * 7 - 3)(x)  # a compile no earlier test made
+  after_compile, compiles = len(calls), sim.compiles.count
   sim.run_until(0.01)
   assert len(sim.history) > 2 and sim.loop.round > 2  # evaluations and rounds happened
-  assert calls == []
   sim.close()
+  return after_compile, len(calls) - after_compile, sim.compiles.count - compiles
+
+
+def test_by_default_the_run_trims_after_compiles_only(monkeypatch):
+  after_compile, in_rounds, compiles = _trims_of_a_run(monkeypatch)
+  assert after_compile == 1
+  assert in_rounds == compiles  # one per compile in the rounds, none per round or evaluation
+
+
+def test_trim_after_compiles_off_never_trims(monkeypatch):
+  after_compile, in_rounds, _ = _trims_of_a_run(monkeypatch, memory__trim_after_compiles=False)
+  assert after_compile == 0 and in_rounds == 0
 
 
 def test_periodic_trim_trims_only_when_its_period_passed(monkeypatch):
@@ -140,6 +156,7 @@ def test_allocator_environment_preloads_tcmalloc_once_and_only_when_asked_and_fo
   assert plan(["launch.py"], {marker: "t.so"}, "t.so") is None  # already re-executed: never twice
   assert plan(["launch.py"], {"LD_PRELOAD": "/opt/libtcmalloc.so"}, "t.so") is None  # preloaded by the user
   assert plan(["launch.py", "--allocator=bogus"], {}, "t.so") is None  # (absl's own error follows)
+
 
 
 def _launch(args: list[str], tcmalloc: str) -> subprocess.CompletedProcess:

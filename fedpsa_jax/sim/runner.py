@@ -101,8 +101,10 @@ class Simulation:
     if rundir is not None:
       rundir.lock()  # (ConfigError naming the other run's pid; the Recorder holds it until `close`)
     self.compiles = CompileCounter().open()  # every XLA compile of this run (warm-up included)
-    # memory.trim_heap: freed memory back to the OS after compiles, at evaluations and once a second of rounds
-    self.trimmer = memory.HeapTrimmer(bool(config.memory.trim_heap)).open()
+    # Freed memory back to the OS after compiles (memory.trim_after_compiles), and under memory.trim_heap at
+    # evaluations and once a second of rounds too.
+    self.trimmer = memory.HeapTrimmer(bool(config.memory.trim_heap),
+                                      after_compiles=bool(config.memory.trim_after_compiles)).open()
     try:
       data = build_data(config)  # (and `config.validate_data`: values only the data rules out)
       config_lib.validate_model(config, _num_params(config, data[0]))  # (FedPSA's projection, by the model)
