@@ -40,14 +40,15 @@ def max_host_devices() -> int:
   return 4 * (os.cpu_count() or 1)
 
 
-def _force_host_devices(argv: list[str], default: int = 3) -> int:
+def _force_host_devices(argv: list[str], default: int = 2) -> int:
   """Sets XLA_FLAGS for `--host_devices=D` (before JAX starts: XLA reads the flag once per process).
 
   On a CPU, host devices let clients train at the same time (local.execution=loop); XLA:CPU runs each
-  convolution on one core, so one device leaves a core idle. The default 3 is one server device and two
-  client devices, one per core of a 2-core machine, so the server's steps never wait behind training
-  (measured: docs/performance.md, benchmarks/throughput.py). On more
-  cores, use D = cores + 1. GPU runs are unaffected (their devices are the GPUs). An XLA_FLAGS that
+  convolution on one core, so one device leaves a core idle. The default 2 is one client device per core
+  of a 2-core machine, the first also the server's. Measured on the default job (docs/performance.md,
+  "Host devices"): as fast as a third device that only serves (FedPSA) or faster (FedBuff, ~7%), with
+  ~70-120 MB less peak RSS (each device holds a copy of the training data and its own buffers). On more
+  cores, try one device per core. GPU runs are unaffected (their devices are the GPUs). An XLA_FLAGS that
   already sets the count wins.
   """
   count = default
@@ -138,9 +139,9 @@ _COMPILATION_CACHE = flags.DEFINE_string(
     "this user made.")
 _RAY_ADDRESS = flags.DEFINE_string("ray_address", None, "sweep --executor=ray: the cluster address for "
                                    "ray.init(address=...) ('auto': this node's cluster); none: a local instance.")
-flags.DEFINE_integer("host_devices", 3, "CPU only: host devices XLA creates (set before JAX starts). With 3 or "
-                     "more, one serves and the others train one client each at a time (cores + 1 is a good "
-                     "choice); 2: both train, the first also serves; 1: a single device.", lower_bound=1)
+flags.DEFINE_integer("host_devices", 2, "CPU only: host devices XLA creates (set before JAX starts). 2: both "
+                     "train one client each at a time, the first also serves (one per core of a 2-core machine); "
+                     "3 or more: one serves and the others train; 1: a single device.", lower_bound=1)
 flags.register_validator(
     "host_devices", lambda count: count <= max_host_devices(),
     message=f"more host devices than this machine can use; allowed: at most {max_host_devices()} (4 x this "

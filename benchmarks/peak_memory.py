@@ -1,7 +1,7 @@
 """Peak resident memory (RSS) and wall time of the default job, whole processes, as a user runs it.
 
     python benchmarks/peak_memory.py [--methods=fedbuff,fedpsa] [--repeats=2] [--days=0.08]
-                                     [--host_devices=3] [--overrides=memory.trim_heap=True,...]
+                                     [--host_devices=2] [--overrides=memory.trim_heap=True,...]
                                      [--env=MALLOC_ARENA_MAX=2,...]
 
 Each (method, repeat) is one `launch.py --config=configs/default.py` process (the embedded MNIST, 50
@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 flags.DEFINE_list("methods", ["fedbuff", "fedpsa"], "methods to run")
 flags.DEFINE_integer("repeats", 2, "runs per method")
 flags.DEFINE_float("days", 0.08, "virtual days per run (the default job's budget)")
-flags.DEFINE_integer("host_devices", 3, "launch.py --host_devices")
+flags.DEFINE_integer("host_devices", 2, "launch.py --host_devices")
 flags.DEFINE_list("overrides", [], "config fields for every run, as field=value (e.g. memory.trim_heap=True)")
 flags.DEFINE_list("env", [], "extra KEY=VALUE environment variables for the runs (experiments)")
 FLAGS = flags.FLAGS

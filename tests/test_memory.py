@@ -159,6 +159,21 @@ def test_allocator_environment_preloads_tcmalloc_once_and_only_when_asked_and_fo
 
 
 
+def test_launch_makes_two_host_devices_by_default_and_what_it_is_told(monkeypatch):
+  """Two host devices unless told otherwise (one per core of a 2-core machine: docs/performance.md, "Host
+  devices"), and an XLA_FLAGS that already sets the count wins."""
+  force = _launch_module()["_force_host_devices"]
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX2")
+  assert force(["launch.py"]) == 2
+  assert os.environ["XLA_FLAGS"] == "--xla_cpu_max_isa=AVX2 --xla_force_host_platform_device_count=2"
+  monkeypatch.delenv("XLA_FLAGS")
+  assert force(["launch.py", "--host_devices=3"]) == 3
+  assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=3"
+  force(["launch.py", "--host_devices=2"])  # (the count set above stays)
+  assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=3"
+  monkeypatch.delenv("XLA_FLAGS")
+  assert force(["launch.py", "--host_devices=1"]) == 1 and "XLA_FLAGS" not in os.environ
+
 def _launch(args: list[str], tcmalloc: str) -> subprocess.CompletedProcess:
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "FEDPSA_JAX_TCMALLOC": tcmalloc}
   env.pop("FEDPSA_JAX_ALLOCATOR", None)
