@@ -46,9 +46,9 @@ def _force_host_devices(argv: list[str], default: int = 2) -> int:
   On a CPU, host devices let clients train at the same time (local.execution=loop); XLA:CPU runs each
   convolution on one core, so one device leaves a core idle. The default 2 is one client device per core
   of a 2-core machine, the first also the server's. Measured on the default job (docs/performance.md,
-  "Host devices"): as fast as a third device that only serves (FedPSA) or faster (FedBuff, ~7%), with
-  ~70-120 MB less peak RSS (each device holds a copy of the training data and its own buffers). On more
-  cores, try one device per core. GPU runs are unaffected (their devices are the GPUs). An XLA_FLAGS that
+  "Host devices"): as fast as a third device that only serves (FedPSA, once the first device's work
+  counts the payloads it computes) or faster (FedBuff, ~7%), with ~70-120 MB less peak RSS (each device
+  holds a copy of the training data and its own buffers). On more cores, try one device per core. GPU runs are unaffected (their devices are the GPUs). An XLA_FLAGS that
   already sets the count wins.
   """
   count = default

@@ -159,6 +159,25 @@ def test_two_host_devices_give_the_results_of_one():
   assert_close(report["loop"], _checksums(one_device), TRAINING_TOL)
 
 
+
+@pytest.mark.parametrize("method", ["fedbuff", "fedpsa"])
+def test_the_server_devices_work_counts_the_payloads_it_computes(method):
+  """Where the server's device also trains (here the only device), each arrival adds its payload's work to
+  that device's (FedPSA's sketch: 2 |D_b| samples' worth; FedBuff sends none), so that with two devices
+  the other one is given more of the jobs."""
+  sim = runner.Simulation(small_config(method, partition__method="dirichlet", partition__alpha=0.1,
+                                       local__batch_size=32))
+  expected = 2 * sim.config.sensitivity.calibration_size if method == "fedpsa" else 0
+  assert sim.strategy.client.payload_samples == expected
+  ex = executor_lib.make_executor("loop", sim.executor.trainer, sim.fed, sim.strategy, sim.executor.clients_key)
+  jobs = _jobs(sim, 3)
+  for job in jobs:
+    ex.submit(job)
+  assert ex.device_work[ex.home] == sum(ex.work_of(j) for j in jobs)  # training only, so far
+  ex.result(jobs[0].dispatch.job_id)
+  ex.result(jobs[2].dispatch.job_id)
+  assert ex.device_work[ex.home] == sum(ex.work_of(j) for j in jobs) + 2 * expected
+
 def _metrics(path):
   return [{k: v for k, v in r.items() if k not in TIMING} for r in io.read_jsonl(path)]
 

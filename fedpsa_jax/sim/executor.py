@@ -7,8 +7,8 @@ reassociation inside a vmapped batch).
 Backends (`local.execution`):
 - `loop`: one jitted client update per job, issued the moment the job is dispatched (JAX dispatches
   asynchronously: the job trains while the host goes on), and waited for only when the host needs its
-  result. Each job goes to the client device with the least work given so far (samples × epochs,
-  deterministic). On a CPU, `--xla_force_host_platform_device_count=D` gives D host devices; XLA:CPU
+  result. Each job goes to the client device with the least work given so far (samples × epochs, and
+  on the server's device the payloads it computes: `ClientSide.payload_samples`; deterministic). On a CPU, `--xla_force_host_platform_device_count=D` gives D host devices; XLA:CPU
   runs each convolution on one core, so two client devices keep both cores of this machine busy. With
   three or more devices the server's device (where the data and the server state live) trains no
   clients: a device runs its work in order, so a server step would otherwise wait behind training.
@@ -220,7 +220,9 @@ class LoopExecutor(ClientExecutor):
     # Each client device holds its own copy of the data, made once here.
     self.devices = client_devices("loop", self.home)
     self.issued: dict[int, tuple[Job, Params, jax.Device]] = {}  # job id -> (job, trained params, device)
-    self.device_work = dict.fromkeys(self.devices, 0)  # samples × epochs given to each device so far
+    # Work given to each device so far: samples × epochs of its jobs, and on the server's device (when it
+    # trains too) the payloads of every arrival (`ClientSide.payload_samples`).
+    self.device_work = dict.fromkeys(self.devices, 0)
     self.device_data = {d: ((fed.x_train, fed.y_train, fed.client_indices) if d == self.home else
                             jax.device_put((fed.x_train, fed.y_train, fed.client_indices), d)) for d in self.devices}
     # Each client's index row on each device, sliced once here: slicing the table per job is an eager
@@ -242,6 +244,8 @@ class LoopExecutor(ClientExecutor):
     """(Δ, payload) of a job, once its training is done."""
     with self._timed():
       job, end, device = self.issued.pop(job_id)
+      if self.home in self.device_work:  # the payload runs on the server's device, which also trains
+        self.device_work[self.home] += self.strategy.client.payload_samples
       if self.phase_timing:
         self._block_home()  # the payload below runs there: its time must not include queued training
       self._finish([job], [end if device == self.home else jax.device_put(end, self.home)])

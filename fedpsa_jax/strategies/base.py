@@ -91,13 +91,18 @@ class ClientSide:
   - `loss`: the loss of one batch, `(apply_fn, params, params_start, x, y, mask, aux) -> scalar`, replacing
     the masked-mean cross-entropy (`mask` marks the real samples of a padded batch; `aux` is the job's);
   - `regularizer`: `(params, params_start) -> scalar`, added to the loss (FedProx/FedAsync's proximal term);
-  - `payload`: `(params_start, params_end, job: ClientJob) -> pytree`, what the client sends beside Δ,
-    computed on the client's device (FedPSA's sketch; FedPAC's statistics; AiFed's upload decision).
+  - `payload`: `(params_start, params_end, job: ClientJob) -> pytree`, what the client sends beside Δ
+    (FedPSA's sketch; FedPAC's statistics; AiFed's upload decision), computed on the server's device,
+    where the data it may read lives;
+  - `payload_samples`: the payload's device work in training samples' worth (one sample's forward and
+    backward pass in an SGD step). Where the server's device also trains clients (the loop executor with
+    one or two devices), each arrival counts this much work on that device, so it is given fewer jobs.
   """
 
   loss: LocalLoss | None = None
   regularizer: Regularizer | None = None
   payload: Callable[[Params, Params, ClientJob], Any] | None = None
+  payload_samples: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
