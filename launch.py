@@ -48,8 +48,8 @@ def _force_host_devices(argv: list[str], default: int = 2) -> int:
   of a 2-core machine, the first also the server's. Measured on the default job (docs/performance.md,
   "Host devices"): as fast as a third device that only serves (FedPSA, once the first device's work
   counts the payloads it computes) or faster (FedBuff, ~7%), with ~70-120 MB less peak RSS (each device
-  holds a copy of the training data and its own buffers). On more cores, try one device per core. GPU runs are unaffected (their devices are the GPUs). An XLA_FLAGS that
-  already sets the count wins.
+  holds a copy of the training data and its own buffers). On more cores, try one device per core. GPU
+  runs are unaffected (their devices are the GPUs). An XLA_FLAGS that already sets the count wins.
   """
   count = default
   for arg in argv:

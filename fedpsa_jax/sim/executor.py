@@ -8,10 +8,11 @@ Backends (`local.execution`):
 - `loop`: one jitted client update per job, issued the moment the job is dispatched (JAX dispatches
   asynchronously: the job trains while the host goes on), and waited for only when the host needs its
   result. Each job goes to the client device with the least work given so far (samples × epochs, and
-  on the server's device the payloads it computes: `ClientSide.payload_samples`; deterministic). On a CPU, `--xla_force_host_platform_device_count=D` gives D host devices; XLA:CPU
-  runs each convolution on one core, so two client devices keep both cores of this machine busy. With
-  three or more devices the server's device (where the data and the server state live) trains no
-  clients: a device runs its work in order, so a server step would otherwise wait behind training.
+  on the server's device the payloads it computes: `ClientSide.payload_samples`; deterministic). On a
+  CPU, `--xla_force_host_platform_device_count=D` gives D host devices; XLA:CPU runs each convolution on
+  one core, so two client devices keep both cores of this machine busy. With three or more devices the
+  server's device (where the data and the server state live) trains no clients: a device runs its work
+  in order, so a server step would otherwise wait behind training.
 - `vmap`: lazy. Dispatched jobs are only recorded; when a result is needed, the pending jobs are
   bucketed by step count (rounded up to a power of two), each bucket cut into batches of exactly
   `width` clients (`local.vmap_width`; the last one filled with inert 0-sample jobs), and each batch
