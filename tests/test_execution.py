@@ -160,14 +160,18 @@ def test_two_host_devices_give_the_results_of_one():
 
 
 
-@pytest.mark.parametrize("method", ["fedbuff", "fedpsa"])
-def test_the_server_devices_work_counts_the_payloads_it_computes(method):
+@pytest.mark.parametrize("method,overrides", [("fedbuff", {}), ("fedpsa", {}),
+                                              ("fedpsa", {"fedpsa__no_sensitivity": True})],
+                         ids=["fedbuff", "fedpsa", "fedpsa-no_sensitivity"])
+def test_the_server_devices_work_counts_the_payloads_it_computes(method, overrides):
   """Where the server's device also trains (here the only device), each arrival adds its payload's work to
-  that device's (FedPSA's sketch: 2 |D_b| samples' worth; FedBuff sends none), so that with two devices
-  the other one is given more of the jobs."""
+  that device's (FedPSA's sketch: 2 |D_b| samples' worth; FedBuff sends none, and FedPSA's no_sensitivity
+  ablation only a projection, counted as none), so that with two devices the other one is given more of
+  the jobs."""
   sim = runner.Simulation(small_config(method, partition__method="dirichlet", partition__alpha=0.1,
-                                       local__batch_size=32))
-  expected = 2 * sim.config.sensitivity.calibration_size if method == "fedpsa" else 0
+                                       local__batch_size=32, **overrides))
+  with_fisher = method == "fedpsa" and not overrides
+  expected = 2 * sim.config.sensitivity.calibration_size if with_fisher else 0
   assert sim.strategy.client.payload_samples == expected
   ex = executor_lib.make_executor("loop", sim.executor.trainer, sim.fed, sim.strategy, sim.executor.clients_key)
   jobs = _jobs(sim, 3)

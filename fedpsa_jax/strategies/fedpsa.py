@@ -256,7 +256,9 @@ class FedPSA(Strategy):
     # The sketch's device work: the MNIST CNN's took 32 ms at |D_b| = 32 against 0.75 ms per training
     # sample at B = 64 (~1.4 |D_b| samples), and each round adds the new global model's; 2 |D_b| in all.
     # Counted on the server's device at 2 host devices, the default job ran ~5% faster (docs/performance.md).
-    self.client = ClientSide(payload=self._client_payload, payload_samples=2 * int(s.calibration_size))
+    # Under no_sensitivity the sketch is R vec(Θ) alone (~2 ms for the CNN): no per-sample gradients to count.
+    payload_samples = 0 if self.hparams.no_sensitivity else 2 * int(s.calibration_size)
+    self.client = ClientSide(payload=self._client_payload, payload_samples=payload_samples)
     self._alignment_fn = None
     if self.hparams.get("log_alignment", False):
       if ctx.sample is None:
