@@ -324,7 +324,10 @@ results = {{j.dispatch.job_id: ex.result(j.dispatch.job_id) for j in jobs}}
 print(json.dumps({{"home": ex.home.id, "devices": [d.id for d in ex.devices], "trained_on": trained_on,
                   "work": [ex.device_work[d] for d in ex.devices], "max_job": max(ex.work_of(j) for j in jobs),
                   "result_devices": sorted({{d.id for r in results.values() for x in jax.tree.leaves(r)
-                                             for d in x.devices()}}), "loop": _checksums(results)}}))
+                                             for d in x.devices()}}), "loop": _checksums(results),
+                  "data": [[x.unsafe_buffer_pointer() for x in ex.device_data[d]] for d in ex.devices],
+                  "home_data": [x.unsafe_buffer_pointer() for x in (sim.fed.x_train, sim.fed.y_train,
+                                                                    sim.fed.client_indices)]}}))
 sim.run_until(0.02)
 trainer = sim.executor.trainer
 # The local training programs the clients' sizes call for: rolled, one per partial-batch size; unrolled, one
@@ -348,6 +351,8 @@ def test_three_host_devices_keep_the_server_device_free_and_give_the_results_of_
   assert {d for ids in report["trained_on"].values() for d in ids} == {1, 2}
   assert abs(report["work"][0] - report["work"][1]) <= report["max_job"]  # greedy by work: within one job
   assert report["result_devices"] == [0]
+  # The client devices train on the server's data in place: host devices share one memory, no copies.
+  assert report["data"] == [report["home_data"]] * 2
   sim = runner.Simulation(small_config("fedpsa", partition__method="dirichlet", partition__alpha=0.1,
                                        local__batch_size=32))
   one_device, _ = _results(sim, "loop", _jobs(sim, 6))

@@ -82,6 +82,16 @@ def client_devices(execution: str, home: jax.Device) -> list[jax.Device]:
   return [d for d in devices if d != home] if len(devices) >= 3 else devices
 
 
+def place_data(data: Any, device: jax.Device) -> Any:
+  """`data` (read-only arrays on the server's device) for a client device. Host devices share the host's
+  memory: a NumPy view of the arrays, put on `device`, is adopted there without a copy (XLA:CPU takes
+  aligned host memory as is; a JAX array's is), so the data exist once however many host devices train
+  (the MNIST CNN job: 13.5 MB per device). Elsewhere, a copy on `device`."""
+  if device.platform == "cpu" and all(d.platform == "cpu" for x in jax.tree.leaves(data) for d in x.devices()):
+    data = jax.tree.map(np.asarray, data)
+  return jax.device_put(data, device)
+
+
 @dataclasses.dataclass(frozen=True)
 class Job:
   """A dispatched client update, waiting to be computed or received."""
@@ -218,14 +228,13 @@ class LoopExecutor(ClientExecutor):
   def __init__(self, trainer: local.LocalTrainer, fed: FederatedData, strategy: strategies.Strategy,
                clients_key: jax.Array, compiles: CompileCounter | None = None, phase_timing: bool = False):
     super().__init__(trainer, fed, strategy, clients_key, compiles, phase_timing)
-    # Each client device holds its own copy of the data, made once here.
     self.devices = client_devices("loop", self.home)
     self.issued: dict[int, tuple[Job, Params, jax.Device]] = {}  # job id -> (job, trained params, device)
     # Work given to each device so far: samples × epochs of its jobs, and on the server's device (when it
     # trains too) the payloads of every arrival (`ClientSide.payload_samples`).
     self.device_work = dict.fromkeys(self.devices, 0)
-    self.device_data = {d: ((fed.x_train, fed.y_train, fed.client_indices) if d == self.home else
-                            jax.device_put((fed.x_train, fed.y_train, fed.client_indices), d)) for d in self.devices}
+    data = (fed.x_train, fed.y_train, fed.client_indices)
+    self.device_data = {d: data if d == self.home else place_data(data, d) for d in self.devices}
     # Each client's index row on each device, sliced once here: slicing the table per job is an eager
     # gather (~0.2 ms of host time per job).
     self.device_rows = {d: self.client_rows if d == self.home else list(data[2])
