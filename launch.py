@@ -48,7 +48,7 @@ def _force_host_devices(argv: list[str], default: int = 2) -> int:
   of a 2-core machine, the first also the server's. Measured on the default job (docs/performance.md,
   "Host devices"): as fast as a third device that only serves (FedPSA, once the first device's work
   counts the payloads it computes) or faster (FedBuff, ~7%), with ~70-120 MB less peak RSS (each device
-  holds a copy of the training data and its own buffers). On more cores, try one device per core. GPU
+  has its own threads, buffers and malloc arenas). On more cores, try one device per core. GPU
   runs are unaffected (their devices are the GPUs). An XLA_FLAGS that already sets the count wins.
   """
   count = default
