@@ -90,13 +90,13 @@ class TrimAfterCompiles:
 
 class HeapTrimmer:
   """What a run does under `memory.trim_after_compiles` and `memory.trim_heap`, in one place: while open,
-  trims after every compile (`TrimAfterCompiles`) if either is on; with `enabled` (`trim_heap`) also after
-  each evaluation (`after_evaluation`) and at most once a second of rounds (`after_round`, a
+  trims after every compile (`TrimAfterCompiles`) if either is on; with `during_rounds` (`trim_heap`) also
+  after each evaluation (`after_evaluation`) and at most once a second of rounds (`after_round`, a
   `PeriodicTrim`), which cost speed (docs/performance.md) and are off by default."""
 
-  def __init__(self, enabled: bool, every_seconds: float = 1.0, after_compiles: bool = True):
-    self.enabled = enabled
-    self.trims_after_compiles = after_compiles or enabled
+  def __init__(self, during_rounds: bool, every_seconds: float = 1.0, after_compiles: bool = True):
+    self.during_rounds = during_rounds
+    self.trims_after_compiles = after_compiles or during_rounds
     self.after_compiles = TrimAfterCompiles()
     self.periodic = PeriodicTrim(every_seconds)
 
@@ -109,9 +109,9 @@ class HeapTrimmer:
     self.after_compiles.close()
 
   def after_round(self) -> None:
-    if self.enabled:
+    if self.during_rounds:
       self.periodic.maybe()
 
   def after_evaluation(self) -> None:
-    if self.enabled:
+    if self.during_rounds:
       trim_heap()

@@ -103,7 +103,7 @@ class Simulation:
     self.compiles = CompileCounter().open()  # every XLA compile of this run (warm-up included)
     # Freed memory back to the OS after compiles (memory.trim_after_compiles), and under memory.trim_heap at
     # evaluations and once a second of rounds too.
-    self.trimmer = memory.HeapTrimmer(bool(config.memory.trim_heap),
+    self.trimmer = memory.HeapTrimmer(during_rounds=bool(config.memory.trim_heap),
                                       after_compiles=bool(config.memory.trim_after_compiles)).open()
     try:
       data = build_data(config)  # (and `config.validate_data`: values only the data rules out)
