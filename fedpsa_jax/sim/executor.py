@@ -87,7 +87,7 @@ def place_data(data: Any, device: jax.Device) -> Any:
   memory: a NumPy view of the arrays, put on `device`, is adopted there without a copy (XLA:CPU takes
   aligned host memory as is; a JAX array's is), so the data exist once however many host devices train
   (the MNIST CNN job: 13.5 MB per device). Elsewhere, a copy on `device`."""
-  if device.platform == "cpu" and all(d.platform == "cpu" for x in jax.tree.leaves(data) for d in x.devices()):
+  if device.platform == "cpu":  # (then every local device is a host device, the server's too)
     data = jax.tree.map(np.asarray, data)
   return jax.device_put(data, device)
 
@@ -233,8 +233,8 @@ class LoopExecutor(ClientExecutor):
     # Work given to each device so far: samples × epochs of its jobs, and on the server's device (when it
     # trains too) the payloads of every arrival (`ClientSide.payload_samples`).
     self.device_work = dict.fromkeys(self.devices, 0)
-    data = (fed.x_train, fed.y_train, fed.client_indices)
-    self.device_data = {d: data if d == self.home else place_data(data, d) for d in self.devices}
+    server_data = (fed.x_train, fed.y_train, fed.client_indices)
+    self.device_data = {d: server_data if d == self.home else place_data(server_data, d) for d in self.devices}
     # Each client's index row on each device, sliced once here: slicing the table per job is an eager
     # gather (~0.2 ms of host time per job).
     self.device_rows = {d: self.client_rows if d == self.home else list(data[2])
