@@ -159,7 +159,6 @@ def test_two_host_devices_give_the_results_of_one():
   assert_close(report["loop"], _checksums(one_device), TRAINING_TOL)
 
 
-
 @pytest.mark.parametrize("method,overrides", [("fedbuff", {}), ("fedpsa", {}),
                                               ("fedpsa", {"fedpsa__no_sensitivity": True})],
                          ids=["fedbuff", "fedpsa", "fedpsa-no_sensitivity"])
@@ -181,6 +180,7 @@ def test_the_server_devices_work_counts_the_payloads_it_computes(method, overrid
   ex.result(jobs[0].dispatch.job_id)
   ex.result(jobs[2].dispatch.job_id)
   assert ex.device_work[ex.home] == sum(ex.work_of(j) for j in jobs) + 2 * expected
+
 
 def _metrics(path):
   return [{k: v for k, v in r.items() if k not in TIMING} for r in io.read_jsonl(path)]
