@@ -60,10 +60,10 @@ LOCAL_LOOPS = choices.LOCAL_LOOPS
 # checkpoint resumed from, and a sweep member is only done at its own budget (`sweep.is_done`);
 # `data.data_dir` only says where the same prepared data now lives; `output.phase_timing` changes only the
 # wall-clock accounting (a resumed run times its phases from where it continued); `memory.trim_*` only
-# how much freed memory the process keeps.
+# how much freed memory the process keeps; `local.jobs_ahead` only when client updates are computed.
 RESUMABLE_FIELDS = ("sim.virtual_days", "output.progress", "output.phase_timing", "checkpoint.every_days",
                     "checkpoint.keep", "data.data_dir", "memory.trim_after_compiles",
-                    "memory.trim_heap")
+                    "memory.trim_heap", "local.jobs_ahead")
 
 
 def _strategies() -> dict[str, Any]:
@@ -125,8 +125,8 @@ def base_config() -> ml_collections.ConfigDict:
   # 1 on CPU: one-step calls run as fast as longer unrolled ones and compile far less
   # (benchmarks/unroll.py; MNIST CNN: 1.8 s for one step against 11 s for 16)
   c.local.max_unroll = 1
-  # How client updates run (fedpsa_jax/sim/executor.py): loop (one jitted update per job, issued when it
-  # is dispatched, on the client device with the least work), vmap (pending jobs, buckets of similar step
+  # How client updates run (fedpsa_jax/sim/executor.py): loop (one jitted update per job, issued ahead of
+  # its arrival, on the client device with the least work), vmap (pending jobs, buckets of similar step
   # counts in one vmapped call), sharded (vmap split over all local devices), auto (the fastest measured
   # for the platform: loop on CPU, vmap/sharded on GPU).
   c.local.execution = "auto"
@@ -135,6 +135,11 @@ def base_config() -> ml_collections.ConfigDict:
   # which clients share its call, and a resumed run repeats an uninterrupted one bit for bit.
   # 0: the in-flight count (C) rounded up to a power of two. Sharded: rounded up to a multiple of the devices.
   c.local.vmap_width = 0
+  # loop: client updates issued ahead of their arrival, per client device, the next to arrive first; 0: each
+  # at its dispatch. An issued update holds its trained parameters until it arrives, so issuing all at once
+  # holds one model per in-flight client; 2 keep the devices as busy (default job: ~70 MB less peak memory,
+  # no slower; docs/performance.md). Never changes results.
+  c.local.jobs_ahead = 2
 
   c.sim = ml_collections.ConfigDict()
   c.sim.virtual_days = 10.0  # the virtual-time budget in days (86,400 units each)
@@ -239,6 +244,7 @@ FIELD_RULES: tuple[tuple[str, Validator], ...] = (
     ("local.execution", one_of(choices.EXECUTIONS)),
     ("local.max_unroll", integer(ge=1)),
     ("local.vmap_width", integer(ge=0, note="0: the in-flight count rounded up to a power of two")),
+    ("local.jobs_ahead", integer(ge=0, note="0: each client update at its dispatch")),
     ("sim.virtual_days", number(gt=0, le=MAX_DAYS, note="times 86,400 units, it must fit in int64")),
     ("sim.concurrency", number(gt=0, le=1)),
     ("sim.latency.distribution", one_of(choices.LATENCY_DISTRIBUTIONS)),

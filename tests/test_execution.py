@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, models
 from fedpsa_jax.models import max_pool_2x2
 from fedpsa_jax.sim import executor as executor_lib
@@ -305,6 +306,99 @@ def test_loop_issues_each_job_when_it_is_dispatched():
     np.testing.assert_array_equal(a, b)
 
 
+def _arriving(jobs, arrival_times):
+  """`jobs` re-dispatched to arrive at `arrival_times` (dispatched at 0, in job id order)."""
+  return [executor_lib.Job(Dispatch(j.dispatch.job_id, j.dispatch.client, 0, t), j.params_start, j.lr,
+                           j.dispatch_round, j.aux) for j, t in zip(jobs, arrival_times)]
+
+
+def test_loop_issues_jobs_ahead_in_arrival_order_with_the_results_of_issuing_at_dispatch():
+  """loop with `jobs_ahead=2` (one device here): submitting issues nothing; a result issues its job, then
+  the next to arrive (arrival time, then client, then job id: the scheduler's order) while fewer than 2 are
+  issued; a job asked for before its turn is issued then. Every result is the bits of issuing each job at
+  its dispatch (`jobs_ahead=0`)."""
+  sim = runner.Simulation(small_config("fedbuff", partition__method="dirichlet", partition__alpha=0.1,
+                                       local__batch_size=32))
+  jobs = _arriving(_jobs(sim, 6), [40, 10, 30, 10, 20, 50])
+  order = [j.dispatch.job_id for j in sorted(jobs, key=lambda j: (j.dispatch.arrival_time, j.dispatch.client,
+                                                                  j.dispatch.job_id))]
+  make = lambda ahead: executor_lib.make_executor("loop", sim.executor.trainer, sim.fed, sim.strategy,
+                                                  sim.executor.clients_key, jobs_ahead=ahead)
+  ex, at_dispatch = make(2), make(0)
+  assert len(ex.devices) == 1 and ex.max_issued == 2
+  for job in jobs:
+    ex.submit(job)
+    at_dispatch.submit(job)
+  assert set(at_dispatch.issued) == set(range(6)) and not ex.issued and ex.stats.jobs == 0
+  results = {order[0]: ex.result(order[0])}
+  assert set(ex.issued) == {order[1], order[2]} and ex.stats.jobs == 3
+  results[order[4]] = ex.result(order[4])  # out of turn: issued at once, beside the two issued ahead
+  assert set(ex.issued) == {order[1], order[2]} and set(ex.waiting) == {order[3], order[5]}
+  results[order[1]] = ex.result(order[1])
+  assert set(ex.issued) == {order[2], order[3]} and set(ex.waiting) == {order[5]}
+  for job_id in (order[2], order[3], order[5]):
+    results[job_id] = ex.result(job_id)
+  assert not ex.issued and not ex.waiting and not ex.arrival_order and ex.stats.jobs == 6
+  for job_id, result in results.items():
+    for a, b in zip(jax.tree.leaves(result), jax.tree.leaves(at_dispatch.result(job_id))):
+      np.testing.assert_array_equal(a, b)
+
+
+def test_jobs_ahead_is_a_validated_field_that_never_changes_a_run(tmp_path):
+  """A whole run with the default `local.jobs_ahead` (2), with 1, and with every job issued at its dispatch
+  (0) writes the same metrics, bit for bit; and the field may change when a run resumes. A negative value
+  is refused, naming the field."""
+  runs = {}
+  for ahead in (0, 1, 2):
+    config = small_config("fedbuff", days=0.015, local__execution="loop", local__jobs_ahead=ahead)
+    runner.Simulation(config, str(tmp_path / str(ahead))).run()
+    runs[ahead] = _metrics(str(tmp_path / str(ahead) / "metrics.jsonl"))
+  assert len(runs[0]) > 3 and runs[0] == runs[1] == runs[2]
+  assert small_config("fedbuff").local.jobs_ahead == 2 and "local.jobs_ahead" in config_lib.RESUMABLE_FIELDS
+  with pytest.raises(config_lib.ConfigError, match=r"local\.jobs_ahead.*0: each client update at its dispatch"):
+    config_lib.validate(small_config("fedbuff", local__jobs_ahead=-1))
+
+
+JOBS_AHEAD_SCRIPT = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import jax
+from fedpsa_jax.sim import executor as executor_lib, runner
+from helpers import small_config
+issue, placed = executor_lib.LoopExecutor._issue, {{}}
+
+def recording_issue(self, job):  # (where each job trained)
+  issue(self, job)
+  placed[job.dispatch.job_id] = self.issued[job.dispatch.job_id][2].id
+
+executor_lib.LoopExecutor._issue = recording_issue
+runs = {{}}
+for ahead in (0, 2):
+  placed = {{}}
+  sim = runner.Simulation(small_config("fedpsa", days=0.015, local__execution="loop", local__jobs_ahead=ahead))
+  sim.run_until(0.015)
+  runs[ahead] = {{"history": [{{k: v for k, v in r.items() if k not in runner.TIMING_FIELDS}} for r in sim.history],
+                 "placed": placed}}
+print(json.dumps({{"devices": jax.local_device_count(), "runs": runs}}))
+"""
+
+
+@pytest.mark.slow
+def test_jobs_ahead_never_changes_a_run_on_two_host_devices():
+  """With two host devices (the CPU default), issuing jobs ahead in arrival order puts them on other
+  devices than issuing each at its dispatch, and the run is the same bit for bit."""
+  out = subprocess.run([sys.executable, "-c", JOBS_AHEAD_SCRIPT.format(tests=os.path.join(ROOT, "tests"))],
+                       capture_output=True, text=True, env=_forced_host_devices(2), cwd=ROOT, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  report = json.loads(out.stdout.strip().splitlines()[-1])
+  at_dispatch, ahead = report["runs"]["0"], report["runs"]["2"]
+  assert report["devices"] == 2 and len(ahead["history"]) > 3
+  both = set(ahead["placed"]) & set(at_dispatch["placed"])
+  assert set(ahead["placed"].values()) == {0, 1} and len(both) > 20
+  assert any(ahead["placed"][j] != at_dispatch["placed"][j] for j in both)  # other devices for some jobs
+  assert ahead["history"] == at_dispatch["history"]
+
+
 THREE_DEVICES_SCRIPT = """
 import json, sys
 sys.path.insert(0, {tests!r})
@@ -366,10 +460,13 @@ def test_three_host_devices_keep_the_server_device_free_and_give_the_results_of_
   assert 1 <= counts[training] <= 2 * compiles["programs"], counts
 
 
-def test_loop_counts_each_second_of_client_compute_once():
+@pytest.mark.parametrize("jobs_ahead", [0, 2])
+def test_loop_counts_each_second_of_client_compute_once(jobs_ahead):
   """train_seconds adds up the executor's timed spans: none may run inside another (a nested span was
-  counted twice: the wait for the server's device inside `result` inflated 8.5 s of training to 12 s)."""
-  sim = runner.Simulation(small_config("fedbuff", days=0.01, local__execution="loop"))
+  counted twice: the wait for the server's device inside `result` inflated 8.5 s of training to 12 s).
+  One span per result, and with `jobs_ahead=0` one more per submit (its training is issued there)."""
+  sim = runner.Simulation(small_config("fedbuff", days=0.01, local__execution="loop",
+                                       local__jobs_ahead=jobs_ahead))
   timed, depth = sim.executor._timed, {"now": 0, "max": 0, "spans": 0}
 
   @contextlib.contextmanager
@@ -384,7 +481,7 @@ def test_loop_counts_each_second_of_client_compute_once():
 
   sim.executor._timed = tracked
   sim.run()
-  assert depth["spans"] > 2 * sim.client_updates and depth["max"] == 1
+  assert depth["spans"] >= (2 if jobs_ahead == 0 else 1) * sim.client_updates and depth["max"] == 1
 
 
 @pytest.mark.parametrize("method", ["fedpsa", "ca2fl"])

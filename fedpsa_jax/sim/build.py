@@ -111,7 +111,7 @@ def build_run(config: ml_collections.ConfigDict, compiles: CompileCounter | None
   execution = resolve_execution(config.local.execution)
   executor = make_executor(execution, trainer, fed, strategy, seeding.device_key(config.seed, "clients"), compiles,
                            phase_timing=config.output.phase_timing, width=config.local.vmap_width,
-                           concurrency=config_lib.concurrency(config))
+                           concurrency=config_lib.concurrency(config), jobs_ahead=config.local.jobs_ahead)
   lat = config.sim.latency
   latency = LatencyModel(fed.num_clients, lat.distribution, lat.low, lat.high, lat.shape, lat.resample,
                          seeding.host_rng(config.seed, "latency"), slow_fraction=lat.slow_fraction,

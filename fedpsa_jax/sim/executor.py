@@ -5,10 +5,14 @@ job_id)), so when, where and beside which other jobs it is computed never change
 reassociation inside a vmapped batch).
 
 Backends (`local.execution`):
-- `loop`: one jitted client update per job, issued the moment the job is dispatched (JAX dispatches
-  asynchronously: the job trains while the host goes on), and waited for only when the host needs its
-  result. Each job goes to the client device with the least work given so far (samples × epochs, and
-  on the server's device the payloads it computes: `ClientSide.payload_samples`; deterministic). On a
+- `loop`: one jitted client update per job, issued ahead of its arrival (JAX dispatches asynchronously:
+  the job trains while the host goes on), and waited for only when the host needs its result. When the
+  host asks for a result, that job is issued if it was not yet, then the next jobs to arrive, up to
+  `jobs_ahead` issued per client device (`local.jobs_ahead`; 0: every job at its dispatch). An issued job
+  holds its trained parameters until it arrives: issuing each at its dispatch held one parameter tree per
+  in-flight job (10 on the default job), where a few ahead keep the devices as busy. Each job goes to the
+  client device with the least work given so far (samples × epochs, and on the server's device the
+  payloads it computes: `ClientSide.payload_samples`; deterministic: a function of the schedule). On a
   CPU, `--xla_force_host_platform_device_count=D` gives D host devices; XLA:CPU runs each convolution on
   one core, so two client devices keep both cores of this machine busy. With three or more devices the
   server's device (where the data and the server state live) trains no clients: a device runs its work
@@ -40,6 +44,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import heapq
+import math
 import time
 from typing import Any, Sequence
 
@@ -221,14 +227,21 @@ class ClientExecutor:
 
 
 class LoopExecutor(ClientExecutor):
-  """`loop`: one jitted client update per job, issued at dispatch on the least-loaded client device."""
+  """`loop`: one jitted client update per job, issued ahead of its arrival (at most `jobs_ahead` per client
+  device; 0: at its dispatch) on the least-loaded client device."""
 
   execution = "loop"
 
   def __init__(self, trainer: local.LocalTrainer, fed: FederatedData, strategy: strategies.Strategy,
-               clients_key: jax.Array, compiles: CompileCounter | None = None, phase_timing: bool = False):
+               clients_key: jax.Array, compiles: CompileCounter | None = None, phase_timing: bool = False,
+               jobs_ahead: int = 0):
     super().__init__(trainer, fed, strategy, clients_key, compiles, phase_timing)
     self.devices = client_devices("loop", self.home)
+    # Jobs issued and not yet received, at most (a job is issued at once when its result is asked for first).
+    self.max_issued = jobs_ahead * len(self.devices) if jobs_ahead > 0 else math.inf
+    self.waiting: dict[int, Job] = {}  # submitted, not yet issued, by job id
+    # A heap of (arrival time, client, job id): the scheduler's order of arrivals.
+    self.arrival_order: list[tuple[int, int, int]] = []
     self.issued: dict[int, tuple[Job, Params, jax.Device]] = {}  # job id -> (job, trained params, device)
     # Work given to each device so far: samples × epochs of its jobs, and on the server's device (when it
     # trains too) the payloads of every arrival (`ClientSide.payload_samples`).
@@ -243,19 +256,39 @@ class LoopExecutor(ClientExecutor):
     self.device_keys = {d: jax.device_put(clients_key, d) for d in self.devices}
 
   def submit(self, job: Job) -> None:
-    """Issues the job's training now, on the client device with the least work so far (the host does not
-    wait for it)."""
-    with self._timed():
-      device = min(self.devices, key=lambda d: self.device_work[d])  # (ties: the first device)
-      self.device_work[device] += self.work_of(job)
-      self.issued[job.dispatch.job_id] = (job, self._loop_one(job, device), device)
+    """Issues the job's training now with `jobs_ahead=0`; else queues it, to be issued by `result` once it
+    is among the next arrivals (the host does not wait for a job it issues)."""
+    d = job.dispatch
+    self.waiting[d.job_id] = job
+    heapq.heappush(self.arrival_order, (d.arrival_time, d.client, d.job_id))
+    if self.max_issued == math.inf:
+      with self._timed():
+        self._issue_ahead()
+
+  def _issue_ahead(self) -> None:
+    """Issues waiting jobs, the next to arrive first, while fewer than `max_issued` are issued."""
+    while self.waiting and len(self.issued) < self.max_issued:
+      job_id = heapq.heappop(self.arrival_order)[2]
+      if job_id in self.waiting:  # (else issued already, in `result`)
+        self._issue(self.waiting.pop(job_id))
+
+  def _issue(self, job: Job) -> None:
+    """Issues the job's training now, on the client device with the least work so far."""
+    device = min(self.devices, key=lambda d: self.device_work[d])  # (ties: the first device)
+    self.device_work[device] += self.work_of(job)
+    self.issued[job.dispatch.job_id] = (job, self._loop_one(job, device), device)
 
   def result(self, job_id: int) -> tuple[Params, Any]:
-    """(Δ, payload) of a job, once its training is done."""
+    """(Δ, payload) of a job, once its training is done. Issues it if it is still waiting, and after it the
+    next waiting jobs, up to `max_issued`: before its payload, so that the devices have them queued while
+    the server's work on this one runs."""
     with self._timed():
+      if job_id in self.waiting:  # (the first result of a run, or a job arriving before those issued ahead)
+        self._issue(self.waiting.pop(job_id))
       job, end, device = self.issued.pop(job_id)
       if self.home in self.device_work:  # the payload runs on the server's device, which also trains
         self.device_work[self.home] += self.strategy.client.payload_samples
+      self._issue_ahead()
       if self.phase_timing:
         self._block_home()  # the payload below runs there: its time must not include queued training
       self._finish([job], [end if device == self.home else jax.device_put(end, self.home)])
@@ -372,11 +405,13 @@ class BatchedExecutor(ClientExecutor):
 
 def make_executor(execution: str, trainer: local.LocalTrainer, fed: FederatedData, strategy: strategies.Strategy,
                   clients_key: jax.Array, compiles: CompileCounter | None = None,
-                  phase_timing: bool = False, width: int = 0, concurrency: int = 1) -> ClientExecutor:
+                  phase_timing: bool = False, width: int = 0, concurrency: int = 1,
+                  jobs_ahead: int = 0) -> ClientExecutor:
   """The backend `execution` names (`loop`, `vmap` or `sharded`; resolve `auto` first); `width` and
-  `concurrency` give vmap/sharded's clients per call (`vmap_width`)."""
+  `concurrency` give vmap/sharded's clients per call (`vmap_width`), `jobs_ahead` loop's jobs issued ahead
+  per client device (0: each at its dispatch)."""
   if execution == "loop":
-    return LoopExecutor(trainer, fed, strategy, clients_key, compiles, phase_timing)
+    return LoopExecutor(trainer, fed, strategy, clients_key, compiles, phase_timing, jobs_ahead)
   if execution == "vmap":
     return BatchedExecutor(trainer, fed, strategy, clients_key, compiles, phase_timing=phase_timing,
                            width=vmap_width(width, concurrency))
