@@ -66,8 +66,8 @@ def _force_host_devices(argv: list[str], default: int = 2) -> int:
 # --allocator: the C allocator the run uses, chosen before anything else starts (it must be preloaded).
 # glibc's malloc keeps the XLA compiler's and the devices' freed blocks in its arenas, so a run's peak RSS
 # follows what it ever held; tcmalloc gives them back as it goes, at the same speed (measured on the default
-# job at 2 host devices, docs/performance.md, "Memory": FedBuff 728-762 MB instead of 792-827, FLGo's 734-742;
-# FedPSA 876 MB instead of 964-999). `auto` uses tcmalloc when this machine has it (Debian/Ubuntu:
+# job at 2 host devices, docs/performance.md, "Memory": FedBuff 681-701 MB instead of a median of 742, FLGo's
+# 734-742; FedPSA 824-837 MB instead of 855-1,001). `auto` uses tcmalloc when this machine has it (Debian/Ubuntu:
 # libtcmalloc-minimal4).
 ALLOCATORS = ("auto", "tcmalloc", "system")
 ALLOCATOR_ENV = "FEDPSA_JAX_ALLOCATOR"  # set in the process launch.py re-executes with the allocator preloaded
@@ -150,7 +150,7 @@ flags.register_validator(
     "cores only wait, and XLA builds each of them at start)")
 _ALLOCATOR = flags.DEFINE_enum(
     "allocator", "auto", ALLOCATORS, "the C allocator (preloaded: launch.py re-executes itself): tcmalloc keeps "
-    "peak memory ~10% lower at the same speed; auto: tcmalloc when this machine has it, else the system's "
+    "peak memory ~8% lower at the same speed; auto: tcmalloc when this machine has it, else the system's "
     "malloc; tcmalloc: an error if it is missing.")
 _PROFILE_TRACE = flags.DEFINE_bool("profile_trace", False, "profile: also write a jax.profiler trace.")
 _PROFILE_REPEATS = flags.DEFINE_integer("profile_repeats", 5, "profile: timed calls per piece (median).")
