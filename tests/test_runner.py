@@ -146,3 +146,24 @@ def test_time_to_target_is_the_first_evaluation_reaching_it():
   assert 0 < summary["bytes_uploaded_to_target"] <= summary["bytes_uploaded"]
   sim = runner.Simulation(small_config("fedbuff", days=0.002, eval__target_accuracy=0.999))
   assert sim.run()["day_to_target"] is None
+
+
+@pytest.mark.parametrize("batch_size", [10, 37, 1000])
+def test_evaluation_equals_a_per_sample_reference(batch_size):
+  """The evaluator (equal batches, the last padded and masked) gives the accuracy and mean cross-entropy of
+  a per-sample NumPy reference on 37 test rows, whatever the batch (10: 3 padded rows; 37: one batch; 1000:
+  capped at the set)."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(37, 5)).astype(np.float32)
+  y = rng.integers(0, 3, size=37).astype(np.int32)
+  params = {"w": rng.normal(size=(5, 3)).astype(np.float32), "b": rng.normal(size=3).astype(np.float32)}
+  apply_fn = lambda p, xb: xb @ p["w"] + p["b"]
+  logits = x.astype(np.float64) @ params["w"] + params["b"]
+  log_probs = logits - np.log(np.sum(np.exp(logits - logits.max(1, keepdims=True)), 1, keepdims=True)) \
+      - logits.max(1, keepdims=True)
+  ref_accuracy = float(np.mean(np.argmax(logits, 1) == y))
+  ref_loss = float(-np.mean(log_probs[np.arange(37), y]))
+  evaluate = metrics.make_evaluator(apply_fn, jax.numpy.asarray(x), jax.numpy.asarray(y), batch_size)
+  result = evaluate(jax.tree.map(jax.numpy.asarray, params))
+  assert result["test_accuracy"] == pytest.approx(ref_accuracy, abs=1e-12)
+  assert result["test_loss"] == pytest.approx(ref_loss, rel=1e-5)
