@@ -237,7 +237,8 @@ class LoopExecutor(ClientExecutor):
                jobs_ahead: int = 0):
     super().__init__(trainer, fed, strategy, clients_key, compiles, phase_timing)
     self.devices = client_devices("loop", self.home)
-    # Jobs issued and not yet received, at most (a job is issued at once when its result is asked for first).
+    # At most this many jobs issued and not yet received (inf: each issued at its submit). A job asked for
+    # before its turn is issued then, and received at once.
     self.max_issued = jobs_ahead * len(self.devices) if jobs_ahead > 0 else math.inf
     self.waiting: dict[int, Job] = {}  # submitted, not yet issued, by job id
     # A heap of (arrival time, client, job id): the scheduler's order of arrivals.
