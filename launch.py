@@ -117,7 +117,7 @@ import ml_collections  # noqa: E402  (after XLA_FLAGS is set)
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from fedpsa_jax import cli, errors, io, profiling
+from fedpsa_jax import cli, errors, io, profiling, run_identity
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import sweep as sweep_lib
 from fedpsa_jax.sim import runner
@@ -345,7 +345,7 @@ def resumable_workdir(config_path: str, config: ml_collections.ConfigDict) -> st
       saved = io.read_config(path)
     except (OSError, ValueError):  # a damaged config.json is not a run to continue
       continue
-    if saved is not None and not config_lib.identity_differences(saved, current):
+    if saved is not None and not run_identity.identity_differences(saved, current):
       found.append(path)
   if not found:
     raise config_lib.ConfigError(f"--resume found no run of this config under runs/{prefix}*; allowed: "

@@ -5,7 +5,7 @@
 Runs the MNIST CNN's SGD step (B = 64) back to back as independent chains and prints the steps per second
 of all chains together for:
   - one process, one host device (XLA runs independent ops of a step on several cores);
-  - one process, one host device per core, one chain on each (what `local.execution=loop` does);
+  - one process, one host device per core, one chain on each (what `runtime.execution=loop` does);
   - one process per core, unpinned;
   - one process per core, each pinned to its core (`os.sched_setaffinity`).
 Each configuration runs in fresh processes started at the same moment. On the 2-core machine of the

@@ -9,7 +9,7 @@ single small SGD step; in a fresh process per method. Printed per method, after 
 excluded: wall time per update; the bare compute inside it (one jitted SGD step on a 128-row batch, the
 size of a client's data, and one client payload, e.g. FedPSA's sketch, each timed alone); and host overhead
 per update = wall − bare compute: event handling, dispatch, server steps, bookkeeping and evaluations.
-Issue 19's goal is ≤ 0.25 ms on this 2-core CPU. `--phase_timing` runs with `output.phase_timing` on
+Issue 19's goal is ≤ 0.25 ms on this 2-core CPU. `--phase_timing` runs with `runtime.phase_timing` on
 (the host waits for the devices at every event, to time the phases apart).
 """
 
@@ -29,7 +29,7 @@ sys.path.insert(0, ROOT)
 flags.DEFINE_list("methods", ["fedbuff", "fedpsa"], "methods to run")
 flags.DEFINE_float("days", 0.3, "virtual days per run (~1,000 client updates)")
 flags.DEFINE_float("warmup_days", 0.02, "virtual days before the measurement starts")
-flags.DEFINE_bool("phase_timing", False, "run with output.phase_timing (waits at every event)")
+flags.DEFINE_bool("phase_timing", False, "run with runtime.phase_timing (waits at every event)")
 flags.DEFINE_string("child", "", "internal: run one method and print JSON")
 FLAGS = flags.FLAGS
 
@@ -45,8 +45,8 @@ def measure(method: str) -> dict:
   config.local.epochs = 1
   config.local.batch_size = 1024  # one step per update: training costs next to nothing
   config.sim.virtual_days = FLAGS.days
-  config.output.progress = False
-  config.output.phase_timing = FLAGS.phase_timing
+  config.runtime.progress = False
+  config.runtime.phase_timing = FLAGS.phase_timing
   sim = runner.Simulation(config)
   sim.run_until(FLAGS.warmup_days)
   stats = sim.executor.stats

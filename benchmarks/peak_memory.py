@@ -1,7 +1,7 @@
 """Peak resident memory (RSS) and wall time of the default job, whole processes, as a user runs it.
 
     python benchmarks/peak_memory.py [--methods=fedbuff,fedpsa] [--repeats=2] [--days=0.08]
-                                     [--host_devices=2] [--allocator=auto] [--overrides=memory.trim_heap=True,...]
+                                     [--host_devices=2] [--allocator=auto] [--overrides=runtime.trim_heap=True,...]
                                      [--env=MALLOC_ARENA_MAX=2,...]
 
 Each (method, repeat) is one `launch.py --config=configs/default.py` process (the embedded MNIST, 50
@@ -37,7 +37,7 @@ flags.DEFINE_integer("repeats", 2, "runs per method")
 flags.DEFINE_float("days", 0.08, "virtual days per run (the default job's budget)")
 flags.DEFINE_integer("host_devices", 2, "launch.py --host_devices")
 flags.DEFINE_enum("allocator", "auto", ["auto", "tcmalloc", "system"], "launch.py --allocator")
-flags.DEFINE_list("overrides", [], "config fields for every run, as field=value (e.g. memory.trim_heap=True)")
+flags.DEFINE_list("overrides", [], "config fields for every run, as field=value (e.g. runtime.trim_heap=True)")
 flags.DEFINE_list("env", [], "extra KEY=VALUE environment variables for the runs (experiments)")
 FLAGS = flags.FLAGS
 
@@ -46,7 +46,7 @@ def run_once(method: str, workdir: str) -> dict:
   env = dict(os.environ, **dict(kv.split("=", 1) for kv in FLAGS.env))
   command = [sys.executable, os.path.join(ROOT, "launch.py"), "--config=" + os.path.join(ROOT, "configs/default.py"),
              f"--host_devices={FLAGS.host_devices}", f"--allocator={FLAGS.allocator}", f"--config.method={method}",
-             "--config.output.progress=False",
+             "--config.runtime.progress=False",
              f"--config.sim.virtual_days={FLAGS.days}", f"--workdir={workdir}"] + [
                  f"--config.{field}" for field in FLAGS.overrides]
   # stderr to a file, not a pipe: nothing reads a pipe while wait4 waits, and a full one would stall the run.

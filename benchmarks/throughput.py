@@ -41,7 +41,7 @@ flags.DEFINE_list("models", ["mnist_cnn", "linear"], "models to run")
 flags.DEFINE_list("executions", ["loop", "loop@2", "loop@3", "vmap", "sharded@2"],
                   "execution backends; `name@D` runs with D forced host devices")
 flags.DEFINE_string("method", "fedpsa", "the method of the runs")
-flags.DEFINE_bool("phase_timing", False, "run with output.phase_timing: fills the `outside train` and "
+flags.DEFINE_bool("phase_timing", False, "run with runtime.phase_timing: fills the `outside train` and "
                   "`(payload)` columns, at the cost of a wait for the devices at every event")
 flags.DEFINE_string("child", "", "internal: run one (model, execution) and print JSON")
 FLAGS = flags.FLAGS
@@ -55,10 +55,10 @@ def measure(model: str, execution: str) -> dict:
   from fedpsa_jax.sim import runner
 
   config = get_config(f"method={FLAGS.method},model={model}")
-  config.local.execution = execution
+  config.runtime.execution = execution
   config.sim.virtual_days = FLAGS.days
-  config.output.progress = False
-  config.output.phase_timing = FLAGS.phase_timing
+  config.runtime.progress = False
+  config.runtime.phase_timing = FLAGS.phase_timing
   sim = runner.Simulation(config)
   sim.run_until(FLAGS.warmup_days)
   # The window's work is what the executor computed in it (jobs and their steps), not what arrived:

@@ -105,7 +105,7 @@ def _prepared(config: ml_collections.ConfigDict, progress: bool) -> ml_collectio
   """A private copy of `config` for one run (the caller's object is never changed), with the progress
   switch set and the sections of late-registered strategies added."""
   c = _add_missing_sections(copy.deepcopy(config))
-  c.output.progress = bool(progress)
+  c.runtime.progress = bool(progress)
   return c
 
 

@@ -32,7 +32,7 @@ from typing import Any, Iterable
 
 import ml_collections
 
-from fedpsa_jax import config as config_lib
+from fedpsa_jax import run_identity
 from fedpsa_jax.errors import ConfigError, DamagedRunFile, OutputWriteError, is_disk_full
 
 CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, EVENTS_FILE = "config.json", "summary.json", "metrics.jsonl", "events.jsonl"
@@ -169,7 +169,7 @@ def read_run(run_dir: str | os.PathLike, events: bool = True) -> RunRecord:
 
 def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
   """Raises ConfigError, before any work, when `path` cannot be a run directory for `config`:
-  it cannot be created or written, or it holds config.json of another run (`config.identity_differences`:
+  it cannot be created or written, or it holds config.json of another run (`run_identity.identity_differences`:
   a difference in a shared field or in the method's own section). Creates the directory; returns whether
   it had to."""
   created = not os.path.isdir(path)
@@ -192,13 +192,12 @@ def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
                       "a workdir with a valid config.json, or an empty or new workdir") from None
   if saved is None:
     return created
-  diffs = config_lib.identity_differences(saved, config_json(config))
+  diffs = run_identity.identity_differences(saved, config_json(config))
   if diffs:
     shown = "; ".join(diffs[:5]) + (f"; and {len(diffs) - 5} more" if len(diffs) > 5 else "")
     raise ConfigError(
         f"--workdir={path!r} holds a run of a different config ({shown}); allowed: the same config to "
-        f"resume that run (other methods' sections and {', '.join(config_lib.RESUMABLE_FIELDS)} may "
-        "change), or another --workdir")
+        f"resume that run (only {run_identity.what_may_change()} may change), or another --workdir")
   return created
 
 

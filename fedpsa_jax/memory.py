@@ -2,12 +2,11 @@
 
 XLA's compiler (LLVM) and the host loop allocate and free many small blocks; glibc's malloc keeps freed
 memory in its arenas rather than returning it, so a process's RSS grows with what it ever held at once,
-not with what it holds. `malloc_trim(0)` returns the free pages. Measured on the default job (2-core CPU,
-whole processes, docs/performance.md, "Memory"): trimming after each compile lowered the peak RSS by
-~100-150 MB at no measurable cost (a compile frees the most, and compiles come at a run's start); trimming
-at each evaluation and once a second of rounds as well lowered it further but cost speed, as the pages come
-back as page faults. Elsewhere than glibc (macOS, musl) there is no `malloc_trim` and `trim_heap` does
-nothing.
+not with what it holds. `malloc_trim(0)` returns the free pages. A run trims after each compile (compiles free
+the most and come at a run's start, so this costs nothing measurable); `runtime.trim_heap` trims at each
+evaluation and once a second of rounds as well, which lowers the peak further but costs speed, as the pages
+come back as page faults (figures: docs/performance.md, "Memory"). Elsewhere than glibc (macOS, musl) there is
+no `malloc_trim` and `trim_heap` does nothing.
 """
 
 from __future__ import annotations
@@ -89,20 +88,18 @@ class TrimAfterCompiles:
 
 
 class HeapTrimmer:
-  """What a run does under `memory.trim_after_compiles` and `memory.trim_heap`, in one place: while open,
-  trims after every compile (`TrimAfterCompiles`) if either is on; with `during_rounds` (`trim_heap`) also
-  after each evaluation (`after_evaluation`) and at most once a second of rounds (`after_round`, a
-  `PeriodicTrim`), which cost speed (docs/performance.md) and are off by default."""
+  """What a run does to give freed memory back, in one place: while open, trims after every compile
+  (`TrimAfterCompiles`); with `during_rounds` (`runtime.trim_heap`) also after each evaluation
+  (`after_evaluation`) and at most once a second of rounds (`after_round`, a `PeriodicTrim`), which cost speed
+  (docs/performance.md, "Memory") and are off by default."""
 
-  def __init__(self, during_rounds: bool, every_seconds: float = 1.0, after_compiles: bool = True):
+  def __init__(self, during_rounds: bool, every_seconds: float = 1.0):
     self.during_rounds = during_rounds
-    self.trims_after_compiles = after_compiles or during_rounds
     self.after_compiles = TrimAfterCompiles()
     self.periodic = PeriodicTrim(every_seconds)
 
   def open(self) -> "HeapTrimmer":
-    if self.trims_after_compiles:
-      self.after_compiles.open()
+    self.after_compiles.open()
     return self
 
   def close(self) -> None:

@@ -66,7 +66,7 @@ def paper_base(smoke: bool) -> ml_collections.ConfigDict:
   round, response times uniform on [10, 500], 10 virtual days, evaluation every 0.05 day; or its smoke
   stand-in (module docstring)."""
   c = config_lib.base_config()
-  c.output.progress = False  # many runs, often in Ray workers: one line per member instead of bars
+  c.runtime.progress = False  # many runs, often in Ray workers: one line per member instead of bars
   if not smoke:
     c.sim.virtual_days = 10.0
     c.eval.every_days = 0.05
@@ -81,7 +81,7 @@ def paper_base(smoke: bool) -> ml_collections.ConfigDict:
   c.checkpoint.every_days = 0.0  # one checkpoint at the end: enough for resume and extension
   # One compiled local loop per member instead of one per unrolled chunk size: compiling dominates a smoke
   # member, and the rolled loop is only slow on CPU for conv nets, which smoke runs do not use.
-  c.local.loop = "rolled"
+  c.runtime.loop = "rolled"
   # FedPSA's thermometer fills after L_q updates and only then do κ and the temperature weight the buffer
   # (uniform before); with the paper's L_q = 50 a smoke run would never get there.
   c.fedpsa.queue_length = 5

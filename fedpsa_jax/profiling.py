@@ -77,7 +77,7 @@ class Profiler:
     from fedpsa_jax.sim.runner import Simulation  # here, not at import: runner imports much
 
     config = ml_collections.ConfigDict(config.to_dict())
-    config.output.progress = False
+    config.runtime.progress = False
     self.sim = Simulation(config, workdir=None)
     self.config, self.repeats, self.trace = config, repeats, trace
     self.params = self.sim.strategy.eval_models(self.sim.state).params
@@ -134,8 +134,8 @@ class Profiler:
   def sensitivity_pieces(self, sizes: Sequence[int]) -> None:
     c, ctx = self.config, self.sim.strategy.ctx
     for size in sizes:
-      x, y = calibration_batch(ctx, c.sensitivity.calibration, size)
-      chunk = c.sensitivity.chunk_size
+      x, y = calibration_batch(ctx, c.fedpsa.calibration, size)
+      chunk = c.runtime.fisher_chunk_size
       # The batch is an argument, not a closed-over constant: XLA would constant-fold its im2col.
       reference = lambda p, x, y: sensitivity.fisher_diagonal(self.apply_fn, p, x, y, chunk_size=chunk,
                                                                method="per_sample")
@@ -148,19 +148,19 @@ class Profiler:
         self.add("fisher_factored", cost, functools.partial(jax.jit(factored), self.params, x, y),
                  calibration=size)
       eq8 = lambda p, x, y: sensitivity.sensitivity(self.apply_fn, p, x, y, chunk_size=chunk,
-                                                    method=c.sensitivity.fisher)
+                                                    method=c.runtime.fisher)
       self._add_on_batch("sensitivity_eq8", eq8, x, y, calibration=size, note="g + Fisher + Eq. 8")
     d = sensitivity.num_params(self.params)
-    R = sensitivity.projection_matrix(jax.random.key(0), c.sensitivity.sketch_dim, d)
+    R = sensitivity.projection_matrix(jax.random.key(0), c.fedpsa.sketch_dim, d)
     self.add("sketch", compiled_cost(sensitivity.sketch, R, self.params),
-             functools.partial(jax.jit(sensitivity.sketch), R, self.params), k=c.sensitivity.sketch_dim, d=d)
+             functools.partial(jax.jit(sensitivity.sketch), R, self.params), k=c.fedpsa.sketch_dim, d=d)
     # What a FedPSA client adds to its update: g, Fisher, Eq. 8 and the sketch, on the configured calibration
     # batch and Fisher path (costed here as one program; a run makes it two calls: sensitivity.sketch_of).
-    x, y = calibration_batch(ctx, c.sensitivity.calibration, c.sensitivity.calibration_size)
-    whole = lambda p, x, y: sensitivity._sketch_of(self.apply_fn, p, R, x, y, chunk_size=c.sensitivity.chunk_size,
-                                                   use_sensitivity=True, method=c.sensitivity.fisher)
-    self._add_on_batch("client_sensitivity_sketch", whole, x, y, calibration=c.sensitivity.calibration_size,
-                       note=f"Fisher path {sensitivity.resolve_fisher_method(self.apply_fn, c.sensitivity.fisher)}")
+    x, y = calibration_batch(ctx, c.fedpsa.calibration, c.fedpsa.calibration_size)
+    whole = lambda p, x, y: sensitivity._sketch_of(self.apply_fn, p, R, x, y, chunk_size=c.runtime.fisher_chunk_size,
+                                                   use_sensitivity=True, method=c.runtime.fisher)
+    self._add_on_batch("client_sensitivity_sketch", whole, x, y, calibration=c.fedpsa.calibration_size,
+                       note=f"Fisher path {sensitivity.resolve_fisher_method(self.apply_fn, c.runtime.fisher)}")
 
   def _add_on_batch(self, name: str, fn: Callable, x: jax.Array, y: jax.Array, **extra) -> None:
     """Costs and times `fn(params, x, y)`, the batch passed as arguments."""

@@ -109,13 +109,13 @@ def _sum_squared_grads(
   return total, m
 
 
-FISHER_METHODS = choices.FISHER_METHODS  # sensitivity.fisher
+FISHER_METHODS = choices.FISHER_METHODS  # runtime.fisher
 
 
 def resolve_fisher_method(apply_fn: ApplyFn, method: str) -> str:
   """'auto' -> 'factored' when `apply_fn` is a Flax module's apply (see fisher.py), else 'per_sample'."""
   if method not in FISHER_METHODS:
-    raise ValueError(f"sensitivity.fisher={method!r} is invalid; allowed: {', '.join(FISHER_METHODS)}")
+    raise ValueError(f"runtime.fisher={method!r} is invalid; allowed: {', '.join(FISHER_METHODS)}")
   if method == "auto":
     return "factored" if fisher.flax_module_of(apply_fn) is not None else "per_sample"
   return method

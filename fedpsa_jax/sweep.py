@@ -15,7 +15,7 @@ A sweep config (`configs/paper/*.py`, `get_config(arg)`) is a ConfigDict with:
 Every member is a full run config that must pass `config.validate`, and has a stable directory name
 made of its labels, `method=fedpsa,dataset=cifar10,alpha=0.1,seed=0`, under `SWEEP_DIR/runs/`. Both
 executors run each member with the same function, `run_member`, which skips a member whose
-summary.json says `completed` for this very run (`is_done`: the same run identity, `config.run_identity`,
+summary.json says `completed` for this very run (`is_done`: the same run identity, `run_identity.run_identity`,
 and the same budget) and otherwise lets `Simulation` continue it from its own checkpoint (or start it):
 an interrupted sweep rerun with the same command redoes nothing finished, and a field added to another
 method's section since then reruns nothing.
@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterator, Sequence
 import ml_collections
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import io
+from fedpsa_jax import io, run_identity
 from fedpsa_jax.errors import ConfigError
 
 SWEEP_FILE = "sweep.json"
@@ -177,13 +177,13 @@ def read_sweep_json(sweep_dir: str) -> dict[str, Any]:
 
 def is_done(config_json: dict[str, Any], run_dir: str) -> bool:
   """Whether `run_dir` holds a completed run of this config (JSON form), so it can be skipped: the same
-  run identity (`config.identity_differences`: shared sections and the method's own section) and the same
+  run identity (`run_identity.identity_differences`: shared sections and the method's own section) and the same
   budget. A completed run with a smaller `sim.virtual_days` is not done: `Simulation` extends it."""
   summary, saved = io.read_summary(run_dir), io.read_config(run_dir)
   if not summary or summary.get("status") != "completed" or saved is None:
     return False
   same_budget = saved.get("sim", {}).get("virtual_days") == config_json["sim"]["virtual_days"]
-  return same_budget and not config_lib.identity_differences(saved, config_json)
+  return same_budget and not run_identity.identity_differences(saved, config_json)
 
 
 def enable_compilation_cache(path: str) -> bool:

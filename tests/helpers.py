@@ -24,7 +24,7 @@ def small_config(method: str, model: str = "linear", days: float = 0.03, **field
   c.local.lr = 0.05
   c.sim.virtual_days = days
   c.eval.every_days = 0.005
-  c.output.progress = False
+  c.runtime.progress = False
   return set_fields(c, {k.replace("__", "."): v for k, v in fields.items()})
 
 
@@ -33,7 +33,7 @@ def strategy_context(model, params, *, num_clients: int = 6, sizes=None, concurr
   """A `StrategyContext` for unit tests of a strategy without a run: `model` (a Flax module) and its
   `params`, client sizes 10, 20, ... by default, and as the 'train' split `train_batch` (x, y) — the batch
   `ctx.sample('train', ...)` returns whole (FedPSA's real calibration batch; set
-  `sensitivity.calibration='real'` and `calibration_size=len(y)`)."""
+  `fedpsa.calibration='real'` and `calibration_size=len(y)`)."""
   import jax
   import numpy as np
 

@@ -40,8 +40,8 @@ def _ctx() -> StrategyContext:
 
 def _config(fixed: float, no_temperature: bool = True, no_sensitivity: bool = False, buffer_size: int = 3):
   c = config_lib.base_config()
-  c.sensitivity.sketch_dim = K
-  c.sensitivity.calibration, c.sensitivity.calibration_size = "real", 8  # _ctx's batch
+  c.fedpsa.sketch_dim = K
+  c.fedpsa.calibration, c.fedpsa.calibration_size = "real", 8  # _ctx's batch
   c.fedpsa.buffer_size = buffer_size
   c.fedpsa.queue_length = 2  # fills at the first flush: under no_temperature Temp must still not move
   c.fedpsa.gamma, c.fedpsa.delta = GAMMA, DELTA
@@ -165,7 +165,7 @@ def test_table6_expands_to_the_paper_members_and_with_temps_to_the_readings(smok
   assert len(temps_members) == 2 * 8 * 3
   # The paper's members keep their names and configs, so `temps` into a finished Table 6 reruns none of them.
   for name, m in paper_members.items():
-    assert config_lib.config_differences(temps_members[name].config.to_dict(), m.config.to_dict(), ignore=()) == []
+    assert temps_members[name].config.to_dict() == m.config.to_dict()
   assert temps.report.rows == ["alpha", "variant"] and temps.report.display["no_t-Tdelta"] == "w/o T (Temp=δ=0.5)"
   assert len(sweep.expand(_table6(prefix + "temps,seeds=2"))) == 2 * 2 * 8 * 3
 
@@ -175,8 +175,8 @@ def test_table6_temperature_reaches_the_strategy():
   for m in sweep.expand(_table6("smoke,temps")):
     if m.labels["alpha"] != 0.1 or m.labels["concurrency"] != 0.2 or not m.config.fedpsa.no_temperature:
       continue
-    m.config.sensitivity.sketch_dim = K
-    m.config.sensitivity.calibration, m.config.sensitivity.calibration_size = "real", 8  # _ctx's batch
+    m.config.fedpsa.sketch_dim = K
+    m.config.fedpsa.calibration, m.config.fedpsa.calibration_size = "real", 8  # _ctx's batch
     state = fedpsa_lib.FedPSA(m.config, _ctx()).init(PARAMS0)
     assert float(state.temperature) == pytest.approx(INTENDED[m.labels["variant"]][2], rel=1e-6), m.name
 

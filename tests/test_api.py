@@ -104,7 +104,7 @@ def test_run_history_is_metrics_jsonl_and_summary_agrees(runs):
 def test_run_copies_the_config_validates_it_and_can_stay_in_memory(tmp_path):
   c = small("fedbuff", days=0.008)
   result = fj.run(c, progress=False, label="buffered")
-  assert c.output.progress is True  # the caller's config was not changed by progress=False
+  assert c.runtime.progress is True  # the caller's config was not changed by progress=False
   assert result.workdir is None and result.label == "buffered" and result.events.empty
   assert result.summary["final_test_accuracy"] == result.history.test_accuracy.iloc[-1]
   with pytest.raises(ValueError, match="partition.alpha"):

@@ -175,7 +175,7 @@ def test_every_strategy_resumes_exactly_in_process(method, tmp_path):
 # --- SIGKILL of launch.py ---------------------------------------------------------------------------
 
 LAUNCH_OVERRIDES = {"model.name": "linear", "partition.num_clients": 10, "sim.virtual_days": 0.04,
-                    "eval.every_days": 0.005, "checkpoint.every_days": 0.01, "output.progress": False,
+                    "eval.every_days": 0.005, "checkpoint.every_days": 0.01, "runtime.progress": False,
                     "output.events": True, "local.epochs": 2}
 
 

@@ -9,6 +9,10 @@ import sys
 import pytest
 
 from fedpsa_jax import config as config_lib
+from fedpsa_jax.sim import runner
+from fedpsa_jax.strategies import fedpsa
+from fedpsa_jax.validation import MISSING, get_field
+from helpers import small_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,8 +33,7 @@ BAD = [
     ("local.batch_size", 0),
     ("local.lr", -0.01),
     ("local.lr_decay", 1.5),
-    ("local.loop", "scan"),
-    ("local.max_unroll", 0),
+    ("runtime.loop", "scan"),
     ("sim.virtual_days", 0.0),
     ("sim.concurrency", 0.0),
     ("sim.concurrency", 1.2),
@@ -38,10 +41,10 @@ BAD = [
     ("sim.latency.resample", "sometimes"),
     ("sim.latency.low", 0),
     ("sim.latency.shape", 0.0),
-    ("sensitivity.calibration", "imagenet"),
-    ("sensitivity.calibration_size", 0),
-    ("sensitivity.sketch_dim", 0),
-    ("sensitivity.chunk_size", 0),
+    ("fedpsa.calibration", "imagenet"),
+    ("fedpsa.calibration_size", 0),
+    ("fedpsa.sketch_dim", 0),
+    ("runtime.fisher_chunk_size", 0),
     ("eval.every_days", 0.0),
     ("eval.batch_size", 0),
     ("fedpsa.buffer_size", 0),
@@ -55,7 +58,7 @@ BAD = [
     ("local.lr", float("nan")),
     ("partition.alpha", float("inf")),
     ("eval.every_round", 1),
-    ("output.progress", "no"),
+    ("runtime.progress", "no"),
     ("checkpoint.every_days", -0.5),
     ("checkpoint.keep", 0),
     # Beyond int64 (a crash in the build, or a wrap-around to a run that never ends).
@@ -67,11 +70,11 @@ BAD = [
     ("eval.every_days", 1e300),
     ("checkpoint.every_days", 1e300),
     # Beyond what memory holds (an out-of-memory error once the run is built or the first client returns).
-    ("sensitivity.sketch_dim", 4097),
-    ("sensitivity.calibration_size", 65_537),
+    ("fedpsa.sketch_dim", 4097),
+    ("fedpsa.calibration_size", 65_537),
     # Never a number: a boolean (True == 1 in Python), an infinity.
     ("sim.virtual_days", True),
-    ("sensitivity.sketch_dim", True),
+    ("fedpsa.sketch_dim", True),
     ("local.lr", float("inf")),
 ]
 
@@ -157,24 +160,49 @@ def test_a_slow_factor_that_overflows_int64_is_named_with_the_largest_that_fits(
 
 
 def test_sensitivity_sizes_are_bounded_by_memory_and_the_model():
-  c = config_lib.set_fields(config_lib.base_config(), {"sensitivity.sketch_dim": 4096,
-                                                       "sensitivity.calibration_size": 65_536})
+  c = config_lib.set_fields(config_lib.base_config(), {"fedpsa.sketch_dim": 4096,
+                                                       "fedpsa.calibration_size": 65_536})
   assert config_lib.config_errors(c) == []  # the bounds themselves are allowed
-  c.sensitivity.sketch_dim = 4097
-  assert config_lib.config_errors(c) == ["sensitivity.sketch_dim=4097 is invalid; allowed: an integer in [1, 4096] "
+  c.fedpsa.sketch_dim = 4097
+  assert config_lib.config_errors(c) == ["fedpsa.sketch_dim=4097 is invalid; allowed: an integer in [1, 4096] "
                                          "(the rows of the sketch_dim x parameters float32 projection held in "
                                          "memory; default 16)"]
   # The projection R, sketch_dim x parameters float32, within 1 GiB: 161 rows of the MNIST CNN's 1,663,370.
-  c.model.name, c.sensitivity.sketch_dim = "mnist_cnn", 161
-  assert config_lib.model_errors(c, 1_663_370) == []
-  c.sensitivity.sketch_dim = 162
-  (message,) = config_lib.model_errors(c, 1_663_370)
-  assert message.startswith("sensitivity.sketch_dim=162 is invalid; allowed: an integer in [1, 161] with "
-                            "model.name='mnist_cnn' (1,663,370 parameters")
-  with pytest.raises(config_lib.ConfigError, match="invalid config for this model"):
-    config_lib.validate_model(c, 1_663_370)
-  c.model.name, c.sensitivity.sketch_dim = "linear", 4096
-  assert config_lib.model_errors(c, 7850) == []  # a small model: the static bound is the one that applies
+  c.fedpsa.sketch_dim = 161
+  assert fedpsa.bound_errors(c.fedpsa, 1_663_370, train_size=4500) == []
+  c.fedpsa.sketch_dim = 162
+  (message,) = fedpsa.bound_errors(c.fedpsa, 1_663_370, train_size=4500)
+  assert message.startswith("fedpsa.sketch_dim=162 is invalid; allowed: an integer in [1, 161] with this model "
+                            "(1,663,370 parameters")
+  c.fedpsa.sketch_dim = 4096
+  assert fedpsa.bound_errors(c.fedpsa, 7850, train_size=4500) == []  # a small model: the static bound applies
+  # A real calibration batch is drawn from the training samples (a gaussian one is not bounded by them).
+  c.fedpsa.calibration_size = 4501
+  assert fedpsa.bound_errors(c.fedpsa, 7850, train_size=4500) == []
+  c.fedpsa.calibration = "real"
+  (message,) = fedpsa.bound_errors(c.fedpsa, 7850, train_size=4500)
+  assert message.startswith("fedpsa.calibration_size=4501 is invalid; allowed: an integer in [1, 4500] with "
+                            "fedpsa.calibration='real'")
+
+
+def test_fedpsa_refuses_bounds_of_the_model_and_data_before_any_training():
+  """The bounds only the model and the data show are checked when FedPSA is built, with a one-line
+  ConfigError (exit 2), and a method that has no projection never sees them."""
+  c = small_config("fedpsa", model="mnist_cnn", fedpsa__sketch_dim=4096)  # the MNIST CNN: at most 161 rows fit in 1 GiB
+  with pytest.raises(config_lib.ConfigError, match=r"fedpsa\.sketch_dim=4096 is invalid; allowed: an integer in "
+                     r"\[1, 161\]"):
+    runner.Simulation(c)
+  runner.Simulation(small_config("fedbuff", model="mnist_cnn", fedpsa__sketch_dim=4096)).close()  # not FedBuff's business
+
+
+def test_a_moved_or_removed_field_gets_an_error_that_names_where_it_went():
+  c = config_lib.base_config()
+  for old, new in config_lib.MOVED_FIELDS.items():
+    assert get_field(c, new) is not MISSING
+    with pytest.raises(config_lib.ConfigError, match=f"config field '{old}' has moved; use '{new}'"):
+      config_lib.set_fields(c, {old: 1})
+  with pytest.raises(config_lib.ConfigError, match="'local.max_unroll' no longer exists: client updates always"):
+    config_lib.set_fields(c, {"local.max_unroll": 2})
 
 
 def test_a_fedfa_window_is_at_most_the_clients():
@@ -194,8 +222,6 @@ SIZES = config_lib.DataSizes(train=4500, test=500, train_per_class=(450,) * 10)
     ({"data.holdout_fraction": 0.99}, config_lib.DataSizes(0, 5000), "data.holdout_fraction=0.99 is invalid; "
      "allowed: a number in (0, 1) that leaves training samples"),
     ({"data.holdout_fraction": 0.001}, config_lib.DataSizes(5000, 0), "leaves test samples"),
-    ({"sensitivity.calibration": "real", "sensitivity.calibration_size": 4501}, SIZES,
-     "sensitivity.calibration_size=4501 is invalid; allowed: an integer in [1, 4500]"),
     # label_groups: group 0 holds label 0 only (450 samples) but gets a tenth of 4,600 clients.
     ({"partition.method": "label_groups", "partition.group_proportions": (0.1, 0.9), "partition.num_clients": 4500,
       "data.holdout_fraction": 0.05}, config_lib.DataSizes(4600, 400, (450, *(461,) * 9)),

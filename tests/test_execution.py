@@ -171,7 +171,7 @@ def test_the_server_devices_work_counts_the_payloads_it_computes(method, overrid
   sim = runner.Simulation(small_config(method, partition__method="dirichlet", partition__alpha=0.1,
                                        local__batch_size=32, **overrides))
   with_fisher = method == "fedpsa" and not overrides
-  expected = 2 * sim.config.sensitivity.calibration_size if with_fisher else 0
+  expected = 2 * sim.config.fedpsa.calibration_size if with_fisher else 0
   assert sim.strategy.client.payload_samples == expected
   ex = executor_lib.make_executor("loop", sim.executor.trainer, sim.fed, sim.strategy, sim.executor.clients_key)
   jobs = _jobs(sim, 3)
@@ -191,7 +191,7 @@ def test_run_metrics_do_not_depend_on_the_backend(tmp_path):
   runs = {}
   for execution in ("loop", "vmap", "vmap"):
     name = f"{execution}{len([k for k in runs if k.startswith(execution)])}"
-    config = small_config("fedpsa", days=0.015, partition__alpha=0.3, local__execution=execution)
+    config = small_config("fedpsa", days=0.015, partition__alpha=0.3, runtime__execution=execution)
     sim = runner.Simulation(config, str(tmp_path / name))
     summary = sim.run()
     assert summary["execution"] == execution
@@ -211,7 +211,7 @@ def test_run_metrics_do_not_depend_on_the_backend(tmp_path):
 def test_nothing_compiles_inside_the_loop_once_warm(method):
   """Equal-size clients (iid): once every code path has run (FedPSA: its queue of L_q = 50 κ filled,
   so the thermometer is on), the next ~100 client updates compile nothing (no jit cache rebuilt per event)."""
-  sim = runner.Simulation(small_config(method, days=0.05, partition__method="iid", local__execution="loop"))
+  sim = runner.Simulation(small_config(method, days=0.05, partition__method="iid", runtime__execution="loop"))
   sim.run_until(0.02)
   warm, updates = sim.compiles.count, sim.client_updates
   assert warm > 0 and updates > 50
@@ -345,18 +345,18 @@ def test_loop_issues_jobs_ahead_in_arrival_order_with_the_results_of_issuing_at_
 
 
 def test_jobs_ahead_is_a_validated_field_that_never_changes_a_run(tmp_path):
-  """A whole run with the default `local.jobs_ahead` (2), with 1, and with every job issued at its dispatch
+  """A whole run with the default `runtime.jobs_ahead` (2), with 1, and with every job issued at its dispatch
   (0) writes the same metrics, bit for bit; and the field may change when a run resumes. A negative value
   is refused, naming the field."""
   runs = {}
   for ahead in (0, 1, 2):
-    config = small_config("fedbuff", days=0.015, local__execution="loop", local__jobs_ahead=ahead)
+    config = small_config("fedbuff", days=0.015, runtime__execution="loop", runtime__jobs_ahead=ahead)
     runner.Simulation(config, str(tmp_path / str(ahead))).run()
     runs[ahead] = _metrics(str(tmp_path / str(ahead) / "metrics.jsonl"))
   assert len(runs[0]) > 3 and runs[0] == runs[1] == runs[2]
-  assert small_config("fedbuff").local.jobs_ahead == 2 and "local.jobs_ahead" in config_lib.RESUMABLE_FIELDS
-  with pytest.raises(config_lib.ConfigError, match=r"local\.jobs_ahead.*0: each client update at its dispatch"):
-    config_lib.validate(small_config("fedbuff", local__jobs_ahead=-1))
+  assert small_config("fedbuff").runtime.jobs_ahead == 2
+  with pytest.raises(config_lib.ConfigError, match=r"runtime\.jobs_ahead.*0: each client update at its dispatch"):
+    config_lib.validate(small_config("fedbuff", runtime__jobs_ahead=-1))
 
 
 JOBS_AHEAD_SCRIPT = """
@@ -375,7 +375,7 @@ executor_lib.LoopExecutor._issue = recording_issue
 runs = {{}}
 for ahead in (0, 2):
   placed = {{}}
-  sim = runner.Simulation(small_config("fedpsa", days=0.015, local__execution="loop", local__jobs_ahead=ahead))
+  sim = runner.Simulation(small_config("fedpsa", days=0.015, runtime__execution="loop", runtime__jobs_ahead=ahead))
   sim.run_until(0.015)
   runs[ahead] = {{"history": [{{k: v for k, v in r.items() if k not in runner.TIMING_FIELDS}} for r in sim.history],
                  "placed": placed}}
@@ -465,8 +465,8 @@ def test_loop_counts_each_second_of_client_compute_once(jobs_ahead):
   """train_seconds adds up the executor's timed spans: none may run inside another (a nested span was
   counted twice: the wait for the server's device inside `result` inflated 8.5 s of training to 12 s).
   One span per result, and with `jobs_ahead=0` one more per submit (its training is issued there)."""
-  sim = runner.Simulation(small_config("fedbuff", days=0.01, local__execution="loop",
-                                       local__jobs_ahead=jobs_ahead))
+  sim = runner.Simulation(small_config("fedbuff", days=0.01, runtime__execution="loop",
+                                       runtime__jobs_ahead=jobs_ahead))
   timed, depth = sim.executor._timed, {"now": 0, "max": 0, "spans": 0}
 
   @contextlib.contextmanager
@@ -491,7 +491,7 @@ def test_a_vmap_run_resumes_bit_for_bit(method, tmp_path):
   of varying width both of these runs differed in their metrics.)"""
   from test_checkpoint import outputs, resumable_config
 
-  config = lambda: set_fields(resumable_config(method), {"local.execution": "vmap"})
+  config = lambda: set_fields(resumable_config(method), {"runtime.execution": "vmap"})
   runner.Simulation(config(), str(tmp_path / "whole")).run()
   first = runner.Simulation(config(), str(tmp_path / "cut"))
   assert first.execution == "vmap"

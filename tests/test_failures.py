@@ -57,7 +57,7 @@ def messages(stderr: str) -> list[str]:
 
 
 def launch(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "launch.py", "--config.output.progress=False", *args], cwd=ROOT,
+  return subprocess.run([sys.executable, "launch.py", "--config.runtime.progress=False", *args], cwd=ROOT,
                         capture_output=True, text=True, timeout=timeout, env={**os.environ, "JAX_PLATFORMS": "cpu"})
 
 
@@ -132,8 +132,8 @@ DATA_ERRORS = [
     ("a holdout that leaves no test data", _fields(data__holdout_fraction=0.00001),
      ["data.holdout_fraction=1e-05 is invalid", "leaves test samples"]),
     ("a real calibration batch larger than the data",
-     _fields(sensitivity__calibration="real", sensitivity__calibration_size=5000),
-     ["sensitivity.calibration_size=5000 is invalid", "[1, 4500]", "calibration='real'"]),
+     _fields(fedpsa__calibration="real", fedpsa__calibration_size=5000),
+     ["fedpsa.calibration_size=5000 is invalid", "[1, 4500]", "calibration='real'"]),
     ("a seed beyond int64", _fields(seed=2**63), ["seed=9223372036854775808 is invalid", "9223372036854775807"]),
     ("a response time beyond int64", _fields(sim__latency__high=2**63),
      ["sim.latency.high=9223372036854775808 is invalid", "[1, 9223372036854775807]"]),
@@ -191,15 +191,15 @@ VALUE_ERRORS = [
     ("a FedFa window larger than the clients", ["--config.method=fedfa", "--config.fedfa.window_size=51"],
      {"method": "fedfa", "fedfa.window_size": 51},
      ["fedfa.window_size=51 is invalid", "an integer in [1, 50] (at most partition.num_clients)"]),
-    ("an unbounded sketch dimension", ["--config.sensitivity.sketch_dim=100000000"],
-     {"sensitivity.sketch_dim": 100_000_000}, ["sensitivity.sketch_dim=100000000 is invalid", "[1, 4096]"]),
-    ("a sketch dimension the model's projection cannot hold", ["--config.sensitivity.sketch_dim=1000"],
-     {"sensitivity.sketch_dim": 1000},
-     ["sensitivity.sketch_dim=1000 is invalid", "[1, 161] with model.name='mnist_cnn' (1,663,370 parameters",
+    ("an unbounded sketch dimension", ["--config.fedpsa.sketch_dim=100000000"],
+     {"fedpsa.sketch_dim": 100_000_000}, ["fedpsa.sketch_dim=100000000 is invalid", "[1, 4096]"]),
+    ("a sketch dimension the model's projection cannot hold", ["--config.fedpsa.sketch_dim=1000"],
+     {"fedpsa.sketch_dim": 1000},
+     ["fedpsa.sketch_dim=1000 is invalid", "[1, 161] with model.name='mnist_cnn' (1,663,370 parameters",
       "must fit in 1 GiB"]),
-    ("an unbounded calibration batch", ["--config.sensitivity.calibration_size=100000000"],
-     {"sensitivity.calibration_size": 100_000_000},
-     ["sensitivity.calibration_size=100000000 is invalid", "[1, 65536]"]),
+    ("an unbounded calibration batch", ["--config.fedpsa.calibration_size=100000000"],
+     {"fedpsa.calibration_size": 100_000_000},
+     ["fedpsa.calibration_size=100000000 is invalid", "[1, 65536]"]),
     ("a boolean for a float field", ["--config.sim.virtual_days=True"], {"sim.virtual_days": True},
      ["sim.virtual_days", "allowed: a value of type float, like its default 0.08"]),
     ("a boolean for an int field", ["--config.seed=True"], {"seed": True},
@@ -259,7 +259,7 @@ def test_a_boolean_for_a_number_is_refused_even_by_a_flag_parser_that_converts_i
                 "config_flags._FIELD_TYPE_TO_PARSER[float] = Converting()\n"
                 "sys.argv[0] = 'launch.py'\n"
                 "runpy.run_path('launch.py', run_name='__main__')\n")
-  proc = subprocess.run([sys.executable, "-c", converting, "--config.output.progress=False",
+  proc = subprocess.run([sys.executable, "-c", converting, "--config.runtime.progress=False",
                          "--config.sim.virtual_days=True", f"--workdir={tmp_path / 'run'}"], cwd=ROOT,
                         capture_output=True, text=True, timeout=240, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert_one_message(proc, ["--config.sim.virtual_days=True: config field sim.virtual_days=True is invalid "

@@ -92,7 +92,7 @@ def test_auto_method_selection():
   assert sensitivity.resolve_fisher_method(model.apply, "auto") == "factored"
   plain = lambda p, xs: model.apply(p, xs)  # not a bound module apply: only the reference applies
   assert sensitivity.resolve_fisher_method(plain, "auto") == "per_sample"
-  with pytest.raises(ValueError, match="sensitivity.fisher="):
+  with pytest.raises(ValueError, match="runtime.fisher="):
     sensitivity.resolve_fisher_method(plain, "magic")
   assert_close(sensitivity.fisher_diagonal(plain, params, x, y),
                sensitivity.fisher_diagonal(model.apply, params, x, y), tolerance(x))

@@ -127,7 +127,7 @@ def counted_waits():
 @pytest.mark.parametrize("events", [False, True])
 def test_no_host_read_and_no_wait_per_event_between_evaluations(method, events, tmp_path):
   """Between evaluations the host reads no device value (event lines wait until the evaluation) and waits
-  for a device only to bound its lead (once per round, never per event); output.phase_timing off."""
+  for a device only to bound its lead (once per round, never per event); runtime.phase_timing off."""
   sim = runner.Simulation(small_config(method, days=0.03, output__events=events), str(tmp_path / "run"))
   sim.run_until(0.006)  # past the first compiles and evaluations
   updates, evaluations, rounds = sim.client_updates, len(sim.history), sim.round
@@ -145,8 +145,8 @@ def test_no_host_read_and_no_wait_per_event_between_evaluations(method, events, 
 
 
 def test_phase_timing_waits_at_every_event():
-  """The check above would see waits: with output.phase_timing the host waits at every event."""
-  sim = runner.Simulation(small_config("fedbuff", days=0.02, output__phase_timing=True))
+  """The check above would see waits: with runtime.phase_timing the host waits at every event."""
+  sim = runner.Simulation(small_config("fedbuff", days=0.02, runtime__phase_timing=True))
   sim.run_until(0.006)
   updates = sim.client_updates
   with counted_waits() as waits:

@@ -23,7 +23,7 @@ def _rss_bytes() -> int:
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc (Linux)")
 def test_trim_returns_freed_pages_where_glibc_can():
   if memory._MALLOC_TRIM is None:  # not glibc: nothing to call, and it says so
-    assert memory.trim_heap() is False
+    assert runtime.trim_heap() is False
     return
   # ~120 MB in 2 KiB blocks (malloc's heap, not mmap), all freed but the last, which pins the heap's top:
   # malloc keeps the freed pages mapped until trimmed.
@@ -31,7 +31,7 @@ def test_trim_returns_freed_pages_where_glibc_can():
   last = blocks[-1]
   del blocks
   before = _rss_bytes()
-  assert memory.trim_heap() is True
+  assert runtime.trim_heap() is True
   assert before - _rss_bytes() > 60 * 2**20
   del last
 
@@ -41,8 +41,8 @@ def test_the_run_trims_after_each_compile_and_each_evaluation(monkeypatch):
   monkeypatch.setattr(memory, "_MALLOC_TRIM", lambda pad: calls.append(pad) or 1)
   monkeypatch.setattr(memory, "_open_trimmers", [0])  # (runs other tests left open would trim too)
   # two open runs: still one trim per compile
-  other = runner.Simulation(small_config("fedbuff", days=0.01, memory__trim_heap=True))
-  sim = runner.Simulation(small_config("fedbuff", days=0.01, memory__trim_heap=True))
+  other = runner.Simulation(small_config("fedbuff", days=0.01, runtime__trim_heap=True))
+  sim = runner.Simulation(small_config("fedbuff", days=0.01, runtime__trim_heap=True))
   x = jax.block_until_ready(jnp.arange(7.0))
   calls.clear()
   evaluations = len(sim.history)
@@ -79,11 +79,6 @@ def test_by_default_the_run_trims_after_compiles_only(monkeypatch):
   after_compile, in_rounds, compiles = _trims_of_a_run(monkeypatch)
   assert after_compile == 1
   assert in_rounds == compiles  # one per compile in the rounds, none per round or evaluation
-
-
-def test_trim_after_compiles_off_never_trims(monkeypatch):
-  after_compile, in_rounds, _ = _trims_of_a_run(monkeypatch, memory__trim_after_compiles=False)
-  assert after_compile == 0 and in_rounds == 0
 
 
 def test_periodic_trim_trims_only_when_its_period_passed(monkeypatch):
@@ -177,7 +172,7 @@ def test_launch_makes_two_host_devices_by_default_and_what_it_is_told(monkeypatc
 def _launch(args: list[str], tcmalloc: str) -> subprocess.CompletedProcess:
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "FEDPSA_JAX_TCMALLOC": tcmalloc}
   env.pop("FEDPSA_JAX_ALLOCATOR", None)
-  return subprocess.run([sys.executable, "launch.py", "--config.output.progress=False", *args], cwd=_ROOT,
+  return subprocess.run([sys.executable, "launch.py", "--config.runtime.progress=False", *args], cwd=_ROOT,
                         capture_output=True, text=True, timeout=240, env=env)
 
 

@@ -194,8 +194,8 @@ BAD_INPUT = [
     field("local.lr_decay", 0.0),
     field("local.epochs", 0),
     field("local.batch_size", 0),
-    field("sensitivity.sketch_dim", 0),  # k
-    field("sensitivity.calibration_size", 0),
+    field("fedpsa.sketch_dim", 0),  # k
+    field("fedpsa.calibration_size", 0),
     field("sim.virtual_days", 0.0),  # the budget
     field("sim.virtual_days", -1.0),
     field("seed", -1),
@@ -224,7 +224,7 @@ def test_bad_input_fails_before_training_naming_the_field(make, names, allowed, 
 
 def run_launch(*args: str) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, "launch.py", "--config=configs/default.py",
-                         "--config.output.progress=False", *args],
+                         "--config.runtime.progress=False", *args],
                         cwd=ROOT, capture_output=True, text=True, timeout=180)
 
 

@@ -93,7 +93,7 @@ def alignment_run(tmp_path_factory):
   """A short FedPSA run logging κ and align for every received update (as configs/paper/fig6.py does)."""
   workdir = str(tmp_path_factory.mktemp("fig6") / "run")
   config = small_config("fedpsa", model="linear", days=0.02, output__events=True, fedpsa__log_alignment=True,
-                        partition__alpha=0.1, eval__alignment_batch_size=128)
+                        partition__alpha=0.1, fedpsa__alignment_batch_size=128)
   summary = runner.Simulation(config, workdir).run()
   return workdir, summary
 

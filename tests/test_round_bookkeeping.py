@@ -39,7 +39,7 @@ def _config(method: str, execution: str):
   # Short response times (5-60 units): ~80 FedBuff rounds in 0.01 day, many stale arrivals, and many dispatches
   # at the very time of a round (where "dispatch before the arrivals of its time" matters).
   return small_config(method, days=0.01, output__events=True, local__lr=LR0, local__lr_decay=DECAY,
-                      local__execution=execution, fedbuff__buffer_size=BUFFER, sim__latency__low=5,
+                      runtime__execution=execution, fedbuff__buffer_size=BUFFER, sim__latency__low=5,
                       sim__latency__high=60)
 
 

@@ -1,4 +1,4 @@
-"""A run's identity (config.run_identity): the shared sections plus the run's own method section.
+"""A run's identity (fedpsa_jax/run_identity.py): the shared sections plus the run's own method section.
 
 Every config carries every strategy's section, so before this a field added to CASA's section made every
 FedPSA workdir refuse to resume and every finished sweep member train again. Here, for each of the four
@@ -16,12 +16,14 @@ import copy
 import importlib
 import json
 import os
+import subprocess
+import sys
 
 import ml_collections
 import pytest
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import io, paper, sweep
+from fedpsa_jax import io, paper, run_identity, strategies, sweep
 from fedpsa_jax.sim import runner
 from helpers import small_config
 
@@ -52,29 +54,45 @@ def _changed(c: ml_collections.ConfigDict, fields: dict) -> ml_collections.Confi
 # --- the predicate ------------------------------------------------------------------------------------
 
 
-def test_identity_leaves_out_other_methods_sections_and_resumable_fields():
+def test_identity_leaves_out_other_methods_sections_the_runtime_and_resumable_fields():
   c = io.config_json(_current("fedpsa"))
-  identity = config_lib.run_identity(c)
-  assert "fedpsa.gamma" in identity and "local.lr" in identity and "sensitivity.sketch_dim" in identity
-  assert not any(k.startswith(("casa.", "fedbuff.", "fedfa.")) for k in identity)
-  assert not set(config_lib.RESUMABLE_FIELDS) & set(identity)
+  identity = run_identity.run_identity(c)
+  assert "fedpsa.gamma" in identity and "local.lr" in identity and "fedpsa.sketch_dim" in identity
+  assert not any(k.startswith(("casa.", "fedbuff.", "fedfa.", "runtime.")) for k in identity)
+  assert not set(run_identity.RESUMABLE_FIELDS) & set(identity)
   old = io.config_json(_older(_current("fedpsa")))
-  assert config_lib.config_differences(old, c)  # the whole configs differ...
-  assert config_lib.identity_differences(old, c) == []  # ...the runs do not
-  # A section no registered method owns stays part of the identity (it may be a shared one).
-  unknown = {**c, "extra_section": {"x": 1}}
-  assert config_lib.identity_differences(c, unknown) == ["extra_section.x: '<absent>' -> 1"]
+  assert old != c  # the whole configs differ...
+  assert run_identity.identity_differences(old, c) == []  # ...the runs do not
+  # Every runtime field may change: they never change a result.
+  other_runtime = io.config_json(_changed(_current(), {"runtime.execution": "vmap", "runtime.jobs_ahead": 0,
+                                                       "runtime.phase_timing": True, "runtime.progress": True}))
+  assert run_identity.identity_differences(c, other_runtime) == []
+
+
+def test_every_section_is_shared_runtime_or_a_methods():
+  """The identity names its shared sections (no strategy registry, no JAX): a section added to the schema
+  must be added there too, or it would silently leave the identity."""
+  c = config_lib.base_config()
+  methods = set(strategies.registered())
+  assert set(c.keys()) == set(config_lib.SHARED_SECTIONS) | {config_lib.RUNTIME_SECTION} | methods
+  assert not set(config_lib.SHARED_SECTIONS) & methods
+
+
+def test_run_identity_imports_neither_jax_nor_the_strategies():
+  code = ("import sys; from fedpsa_jax import io, run_identity, sweep; "
+          "assert 'jax' not in sys.modules and 'fedpsa_jax.strategies' not in sys.modules, sorted(sys.modules)")
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def test_identity_names_the_changed_field_of_the_own_section_or_a_shared_one():
   c = io.config_json(_current("fedpsa"))
-  assert config_lib.identity_differences(c, io.config_json(_changed(_current(), {"fedpsa.gamma": 2.0}))) == [
+  assert run_identity.identity_differences(c, io.config_json(_changed(_current(), {"fedpsa.gamma": 2.0}))) == [
       "fedpsa.gamma: 5.0 -> 2.0"]
-  assert config_lib.identity_differences(c, io.config_json(_changed(_current(), {"local.lr": 0.02}))) == [
+  assert run_identity.identity_differences(c, io.config_json(_changed(_current(), {"local.lr": 0.02}))) == [
       "local.lr: 0.05 -> 0.02"]
-  assert config_lib.identity_differences(c, io.config_json(_changed(_current(), {"casa.gamma": 0.5}))) == []
+  assert run_identity.identity_differences(c, io.config_json(_changed(_current(), {"casa.gamma": 0.5}))) == []
   # Another method: the method line, not a list of both sections.
-  other = config_lib.identity_differences(c, io.config_json(_current("fedbuff")))
+  other = run_identity.identity_differences(c, io.config_json(_current("fedbuff")))
   assert other == ["method: 'fedpsa' -> 'fedbuff'"]
 
 

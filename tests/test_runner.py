@@ -113,9 +113,9 @@ def test_failed_run_keeps_metrics_and_writes_summary(tmp_path, monkeypatch):
 @pytest.mark.parametrize("method", ["fedbuff", "fedpsa"])
 def test_summary_accounts_bytes_and_compute(method):
   """Every update uploads Δ (the model's size) plus the payload; every dispatch downloads the model. Under
-  output.phase_timing the compute phases have their seconds; without it they are null (not timed)."""
+  runtime.phase_timing the compute phases have their seconds; without it they are null (not timed)."""
   untimed = runner.Simulation(small_config(method, days=0.01)).run()
-  sim = runner.Simulation(small_config(method, days=0.01, output__phase_timing=True))
+  sim = runner.Simulation(small_config(method, days=0.01, runtime__phase_timing=True))
   summary = sim.run()
   assert {k: v for k, v in summary.items() if k not in runner.TIMING_FIELDS} == {
       k: v for k, v in untimed.items() if k not in runner.TIMING_FIELDS}  # timing changes nothing else
@@ -125,7 +125,7 @@ def test_summary_accounts_bytes_and_compute(method):
   if method == "fedpsa":
     assert summary["client_payload_seconds"] > 0
   model_bytes = sum(x.size * 4 for x in jax.tree.leaves(sim.state.params))  # float32 parameters
-  extra = 0 if method == "fedbuff" else 4 * sim.config.sensitivity.sketch_dim  # FedPSA: the float32 sketch
+  extra = 0 if method == "fedbuff" else 4 * sim.config.fedpsa.sketch_dim  # FedPSA: the float32 sketch
   assert summary["client_updates"] > 0
   assert summary["bytes_uploaded"] == summary["client_updates"] * summary["upload_bytes_per_update"]
   assert summary["upload_bytes_per_update"] == model_bytes + extra

@@ -99,9 +99,9 @@ def _fedpsa(buffer_size=2, queue_length=3, gamma=1.0, delta=0.2, no_temperature=
             no_sensitivity=False, seed=0):
   cfg = config_lib.base_config()
   cfg.seed = seed
-  cfg.sensitivity.sketch_dim = K_SKETCH
-  cfg.sensitivity.chunk_size = 4
-  cfg.sensitivity.calibration, cfg.sensitivity.calibration_size = "real", 8  # the test's batch (_calibration)
+  cfg.fedpsa.sketch_dim = K_SKETCH
+  cfg.runtime.fisher_chunk_size = 4
+  cfg.fedpsa.calibration, cfg.fedpsa.calibration_size = "real", 8  # the test's batch (_calibration)
   cfg.fedpsa.buffer_size = buffer_size
   cfg.fedpsa.queue_length = queue_length
   cfg.fedpsa.gamma = gamma

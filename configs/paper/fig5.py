@@ -5,7 +5,7 @@ name α, 0.1 is assumed. The report reads the accounting fields of each summary.
 (`client_compute_seconds`, `server_compute_seconds`, `bytes_uploaded`, `bytes_downloaded`, and per
 update `upload_bytes_per_update`, `download_bytes_per_update`): bars for compute, a line for
 communication, one panel per dataset. Compute seconds are wall-clock on the machine that ran the member,
-so compare members run on the same hardware; they are measured because `output.phase_timing` is on (the host
+so compare members run on the same hardware; they are measured because `runtime.phase_timing` is on (the host
 waits for the devices at every event, so these runs are slower than untimed ones). `smoke`: embedded-data stand-ins (fedpsa_jax/paper.py).
 """
 
@@ -23,7 +23,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   smoke, seeds = options.smoke, paper.seeds(options)
   base = paper.paper_base(smoke)
   base.partition.alpha = 0.1  # assumed (see the module docstring)
-  base.output.phase_timing = True  # client and server compute timed apart: the figure's bars
+  base.runtime.phase_timing = True  # client and server compute timed apart: the figure's bars
   return paper.sweep_config(
       "fig5" + ("-smoke" if smoke else ""),
       "Fig. 5: computational and communication overheads of the methods on the datasets",

@@ -21,8 +21,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       "table5" + ("-smoke" if smoke else ""),
       "Table 5: calibration batch D_b on CIFAR-10, final test accuracy (%), real-data vs Gaussian",
       base,
-      [paper.alpha_axis((0.1, 1.0)), sweep.axis("calibration_size", (16, 32, 128, 512), "sensitivity.calibration_size"),
-       sweep.axis("calibration", ("real", "gaussian"), "sensitivity.calibration")],
+      [paper.alpha_axis((0.1, 1.0)), sweep.axis("calibration_size", (16, 32, 128, 512), "fedpsa.calibration_size"),
+       sweep.axis("calibration", ("real", "gaussian"), "fedpsa.calibration")],
       seeds,
       {"rows": ["alpha", "calibration_size"], "cols": ["calibration"], "delta": ["real", "gaussian"], "best": ""},
       overrides=overrides)

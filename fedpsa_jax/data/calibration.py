@@ -14,14 +14,14 @@ import numpy as np
 
 from fedpsa_jax import choices
 
-CALIBRATION_KINDS = choices.CALIBRATION_KINDS  # sensitivity.calibration: defined once, in the config's vocabularies
+CALIBRATION_KINDS = choices.CALIBRATION_KINDS  # fedpsa.calibration: defined once, in the config's vocabularies
 
 
 def gaussian_batch(size: int, input_shape: tuple[int, ...], num_classes: int,
                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
   """(inputs float32 [size, *input_shape] i.i.d. N(0, 1), labels int32 [size] uniform over the classes)."""
   if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-    raise ValueError(f"sensitivity.calibration_size must be an integer >= 1, got {size!r}")
+    raise ValueError(f"fedpsa.calibration_size must be an integer >= 1, got {size!r}")
   inputs = rng.standard_normal((size, *input_shape)).astype(np.float32)
   labels = rng.integers(0, num_classes, size=size).astype(np.int32)
   return inputs, labels

@@ -74,7 +74,7 @@ class Run:
   scheduler: Scheduler
   evaluate: Callable[[Params], dict]  # test-set metrics of a parameter tree
   personal_evaluate: Callable | None  # personalised accuracy on the clients' local test splits (or None)
-  execution: str  # the resolved local.execution backend
+  execution: str  # the resolved runtime.execution backend
 
 
 def strategy_context(config: ml_collections.ConfigDict, dataset: Dataset, fed: FederatedData, model: Any,
@@ -106,12 +106,12 @@ def build_run(config: ml_collections.ConfigDict, compiles: CompileCounter | None
   trainer = local.LocalTrainer(
       apply_fn=model.apply, batch_size=config.local.batch_size, epochs=config.local.epochs,
       regularizer=strategy.client.regularizer,
-      loop=local.resolve_loop(config.local.loop, convolutional=has_convolution(model.apply, params, init_x)),
-      max_unroll=config.local.max_unroll, loss=strategy.client.loss)
-  execution = resolve_execution(config.local.execution)
+      loop=local.resolve_loop(config.runtime.loop, convolutional=has_convolution(model.apply, params, init_x)),
+      max_unroll=1, loss=strategy.client.loss)  # one SGD step per unrolled call (docs/performance.md)
+  execution = resolve_execution(config.runtime.execution)
   executor = make_executor(execution, trainer, fed, strategy, seeding.device_key(config.seed, "clients"), compiles,
-                           phase_timing=config.output.phase_timing, width=config.local.vmap_width,
-                           concurrency=config_lib.concurrency(config), jobs_ahead=config.local.jobs_ahead)
+                           phase_timing=config.runtime.phase_timing, width=config.runtime.vmap_width,
+                           concurrency=config_lib.concurrency(config), jobs_ahead=config.runtime.jobs_ahead)
   lat = config.sim.latency
   latency = LatencyModel(fed.num_clients, lat.distribution, lat.low, lat.high, lat.shape, lat.resample,
                          seeding.host_rng(config.seed, "latency"), slow_fraction=lat.slow_fraction,

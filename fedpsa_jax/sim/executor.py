@@ -4,11 +4,11 @@ A job's result depends only on (parameters at dispatch, client data, lr, key = f
 job_id)), so when, where and beside which other jobs it is computed never changes it (beyond float
 reassociation inside a vmapped batch).
 
-Backends (`local.execution`):
+Backends (`runtime.execution`):
 - `loop`: one jitted client update per job, issued ahead of its arrival (JAX dispatches asynchronously:
   the job trains while the host goes on), and waited for only when the host needs its result. When the
   host asks for a result, that job is issued if it was not yet, then the next jobs to arrive, up to
-  `jobs_ahead` issued per client device (`local.jobs_ahead`; 0: every job at its dispatch). An issued job
+  `jobs_ahead` issued per client device (`runtime.jobs_ahead`; 0: every job at its dispatch). An issued job
   holds its trained parameters until it arrives: issuing each at its dispatch held one parameter tree per
   in-flight job (10 on the default job), where a few ahead keep the devices as busy. Each job goes to the
   client device with the least work given so far (samples × epochs, and on the server's device the
@@ -19,7 +19,7 @@ Backends (`local.execution`):
   in order, so a server step would otherwise wait behind training.
 - `vmap`: lazy. Dispatched jobs are only recorded; when a result is needed, the pending jobs are
   bucketed by step count (rounded up to a power of two), each bucket cut into batches of exactly
-  `width` clients (`local.vmap_width`; the last one filled with inert 0-sample jobs), and each batch
+  `width` clients (`runtime.vmap_width`; the last one filled with inert 0-sample jobs), and each batch
   runs as one vmapped call of `max steps in the batch` steps; steps past a client's own count are
   masked no-ops. One width for every call: XLA's results change with a batch's size (on this CPU a
   linear client's bits were the same in batches of 1-5 and of 8-16, not across), never with its
@@ -32,7 +32,7 @@ Backends (`local.execution`):
 
 Padding waste (masked steps / steps run) and the number of batches are kept in `stats`.
 
-Waiting. The executor never waits for a device unless `phase_timing` asks it to (`output.phase_timing`):
+Waiting. The executor never waits for a device unless `phase_timing` asks it to (`runtime.phase_timing`):
 a result is handed to the server as a not-yet-computed array, and the server step that uses it queues
 behind it on the device. With `phase_timing` on, it waits before and after each piece so that training
 and client payloads get their own wall-clock seconds (`train_seconds`, `stats.payload_seconds`: the
@@ -60,7 +60,7 @@ from fedpsa_jax.sim.scheduler import Dispatch
 from fedpsa_jax.tree_util import tree_sub
 
 Params = Any
-EXECUTIONS = choices.EXECUTIONS  # local.execution: defined once, in the config's vocabularies
+EXECUTIONS = choices.EXECUTIONS  # runtime.execution: defined once, in the config's vocabularies
 
 
 def resolve_execution(execution: str, platform: str | None = None, device_count: int | None = None) -> str:
@@ -139,7 +139,7 @@ def _stack(trees: Sequence[Params]) -> Params:
 
 
 def vmap_width(requested: int, concurrency: int, devices: int = 1) -> int:
-  """Clients per vmapped call (`local.vmap_width`): `requested`, or for 0 the in-flight count C rounded up
+  """Clients per vmapped call (`runtime.vmap_width`): `requested`, or for 0 the in-flight count C rounded up
   to a power of two (every pending job fits one call per step-count bucket); then rounded up to a multiple
   of `devices` (sharded: each device gets the same share)."""
   width = requested if requested > 0 else 1 << max(concurrency - 1, 0).bit_length()
@@ -420,4 +420,4 @@ def make_executor(execution: str, trainer: local.LocalTrainer, fed: FederatedDat
     mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("clients",))
     return BatchedExecutor(trainer, fed, strategy, clients_key, compiles, mesh=mesh, phase_timing=phase_timing,
                            width=vmap_width(width, concurrency, mesh.devices.size))
-  raise ValueError(f"local.execution={execution!r} is invalid; allowed: {', '.join(EXECUTIONS)}")
+  raise ValueError(f"runtime.execution={execution!r} is invalid; allowed: {', '.join(EXECUTIONS)}")

@@ -39,7 +39,7 @@ class Recorder:
     self.config = config
     self._claimed = rundir
     self.progress = tqdm.tqdm(total=round(config.sim.virtual_days, 4), unit="day", leave=True,
-                              disable=not config.output.progress,
+                              disable=not config.runtime.progress,
                               bar_format="{l_bar}{bar}| {n:.3f}/{total:.3f} days [{elapsed}<{remaining}{postfix}]")
     self.rundir: io.RunDir | None = None
     self.checkpoints: checkpoint_lib.CheckpointStore | None = None

@@ -39,9 +39,8 @@ import numpy as np
 
 from fedpsa_jax import checkpoint as checkpoint_lib
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import cli, errors, io, memory, metrics, strategies
+from fedpsa_jax import cli, errors, io, memory, metrics, run_identity, strategies
 from fedpsa_jax.compiles import CompileCounter
-from fedpsa_jax.models import get_model
 from fedpsa_jax.sim.build import build_data, build_run
 from fedpsa_jax.sim.executor import Job
 from fedpsa_jax.sim.loop_state import LoopState
@@ -64,14 +63,6 @@ ROUNDS_AHEAD = 2
 # Event lines wait in memory (with their device values, read once for all) until the next evaluation,
 # checkpoint or end, or until this many are pending.
 EVENTS_PENDING = 4096
-
-
-def _num_params(config: ml_collections.ConfigDict, dataset: Any) -> int:
-  """The number of parameters of the config's model on `dataset` (shapes only: nothing is computed)."""
-  model = get_model(config.model.name, dataset.num_classes, config.model.init)
-  x = jax.ShapeDtypeStruct((1, *dataset.input_shape), jnp.float32)
-  shapes = jax.eval_shape(model.init, jax.random.key(0), x)
-  return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
 
 
 def _abandon(rundir: io.RunDir | None, workdir: str | None, created: bool) -> None:
@@ -101,13 +92,11 @@ class Simulation:
     if rundir is not None:
       rundir.lock()  # (ConfigError naming the other run's pid; the Recorder holds it until `close`)
     self.compiles = CompileCounter().open()  # every XLA compile of this run (warm-up included)
-    # Freed memory back to the OS after compiles (memory.trim_after_compiles), and under memory.trim_heap at
-    # evaluations and once a second of rounds too.
-    self.trimmer = memory.HeapTrimmer(during_rounds=bool(config.memory.trim_heap),
-                                      after_compiles=bool(config.memory.trim_after_compiles)).open()
+    # Freed memory back to the OS after compiles, and under runtime.trim_heap at evaluations and once a second
+    # of rounds too.
+    self.trimmer = memory.HeapTrimmer(during_rounds=bool(config.runtime.trim_heap)).open()
     try:
       data = build_data(config)  # (and `config.validate_data`: values only the data rules out)
-      config_lib.validate_model(config, _num_params(config, data[0]))  # (FedPSA's projection, by the model)
       self.run_parts = run = build_run(config, self.compiles, data)
     except BaseException:  # (a Ctrl-C while the data loads or the run builds, too)
       self.compiles.close()
@@ -126,7 +115,7 @@ class Simulation:
     self.history: list[dict] = []  # metrics.jsonl's records
     self.pending_events: list[dict] = []  # events.jsonl lines not yet written (`_write_events`)
     self.rounds_in_flight: collections.deque = collections.deque()  # recent rounds' states (ROUNDS_AHEAD)
-    self.phase_timing = bool(config.output.phase_timing)
+    self.phase_timing = bool(config.runtime.phase_timing)
     self.resumed_from: int | None = None  # virtual time of the checkpoint this run continued from
     self.recorder = Recorder(workdir, config, rundir=rundir)
     try:
@@ -221,7 +210,7 @@ class Simulation:
   def _bound_lead(self) -> None:
     """After a round: keeps the host at most ROUNDS_AHEAD rounds ahead of the devices (it waits for the
     state of the round that many rounds back: done long ago, unless the devices are the bottleneck), and
-    under `memory.trim_heap` gives the heap's free pages back to the OS at most once a second (memory.py)."""
+    under `runtime.trim_heap` gives the heap's free pages back to the OS at most once a second (memory.py)."""
     self.rounds_in_flight.append(self.state)
     if len(self.rounds_in_flight) > ROUNDS_AHEAD:
       jax.block_until_ready(self.rounds_in_flight.popleft())
@@ -292,7 +281,7 @@ class Simulation:
         # Client compute = local training plus client payloads (train_seconds).
         "client_compute_seconds": self.executor.train_seconds if timed else None,
         "server_compute_seconds": self.loop.server_seconds if timed else None,
-        # How client updates ran (local.execution): the backend, the share of SGD steps that were
+        # How client updates ran (runtime.execution): the backend, the share of SGD steps that were
         # padding (masked steps of batched jobs), the batched calls, and the XLA compiles of the run.
         "execution": self.execution, "padding_waste": stats.padding_waste, "execution_batches": stats.batches,
         "compiles": self.compiles.count, "client_payload_seconds": stats.payload_seconds if timed else None,
@@ -385,12 +374,12 @@ class Simulation:
 
   def _restore(self, restored: checkpoint_lib.Restored) -> None:
     """Continues from a checkpoint: state, clock, jobs, loop state, and outputs cut back to its positions."""
-    diffs = config_lib.identity_differences(restored.config, io.config_json(self.config))
+    diffs = run_identity.identity_differences(restored.config, io.config_json(self.config))
     if diffs:
       raise config_lib.ConfigError(
           f"the checkpoint {restored.step} in {self.recorder.checkpoints.directory} was made with a different "
-          f"config ({'; '.join(diffs[:5])}); allowed: the same config (only other methods' sections and "
-          f"{', '.join(config_lib.RESUMABLE_FIELDS)} may change)")
+          f"config ({'; '.join(diffs[:5])}); allowed: the same config (only {run_identity.what_may_change()} "
+          "may change)")
     snap = restored.snapshot
     loop = LoopState.from_dict(snap["loop"])
     if loop.now > self.budget:

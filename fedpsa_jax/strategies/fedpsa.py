@@ -66,13 +66,22 @@ import ml_collections
 import numpy as np
 
 from fedpsa_jax import seeding, sensitivity
+from fedpsa_jax.choices import CALIBRATION_KINDS
 from fedpsa_jax.data.calibration import gaussian_batch
+from fedpsa_jax.errors import ConfigError
 from fedpsa_jax.strategies.base import Arrival, ClientSide, Strategy, register
 from fedpsa_jax.strategies.common import buffer_size, section_errors
 from fedpsa_jax.tree_util import squared_norm, tree_add_scaled
-from fedpsa_jax.validation import boolean, integer, is_number, number
+from fedpsa_jax.validation import boolean, error, integer, is_number, number, one_of
 
 Params = Any
+# Memory bounds, known before any work (an out-of-memory error would come only once the strategy is built or
+# the first client returns): D_b is held whole and every client's sensitivity is computed on all of it; R is a
+# sketch_dim x d float32 matrix (d: the model's parameters), bounded by MAX_SKETCH_DIM alone and, once the
+# model is known (`bound_errors`), by MAX_PROJECTION_BYTES.
+MAX_CALIBRATION_SIZE = 65_536
+MAX_SKETCH_DIM = 4096
+MAX_PROJECTION_BYTES = 2**30
 
 
 @flax.struct.dataclass
@@ -100,7 +109,7 @@ def temperature(queue: jax.Array, m0: jax.Array, gamma: float, delta: float) -> 
 def fixed_temperature(hparams: ml_collections.ConfigDict) -> float:
   """The Temp of the "w/o T" ablation (`no_temperature`): `fixed_temperature` when > 0, else γ + δ (the value of
   Eq. 18 at M_cur = M0, our reading of the paper; see the module docstring)."""
-  fixed = hparams.get("fixed_temperature", 0.0)
+  fixed = hparams.fixed_temperature
   return float(fixed) if fixed > 0 else float(hparams.gamma + hparams.delta)
 
 
@@ -183,14 +192,28 @@ def make_alignment_fn(apply_fn, x: jax.Array, y: jax.Array):
 
 def calibration_batch(ctx, kind: str, size: int) -> tuple[jax.Array, jax.Array]:
   """The shared calibration batch D_b (Sec. 5.2), drawn once per run from the host stream 'calibration':
-  `gaussian` inputs and labels (no client data), or `real` training samples."""
+  `gaussian` inputs and labels (no client data), or `real` training samples (at most the training set:
+  `bound_errors` checks it before any work)."""
   if kind == "real":
-    if ctx.sample is None or size > ctx.split_sizes.get("train", 0):
-      raise ValueError(f"sensitivity.calibration_size={size!r} is invalid with sensitivity.calibration='real'; "
-                       f"allowed: at most the {ctx.split_sizes.get('train', 0)} training samples")
     return ctx.sample("train", size, "calibration")
   x, y = gaussian_batch(size, ctx.input_shape, ctx.num_classes, seeding.host_rng(ctx.seed, "calibration"))
   return jnp.asarray(x), jnp.asarray(y)
+
+
+def bound_errors(hparams: ml_collections.ConfigDict, num_params: int, train_size: int) -> list[str]:
+  """The bounds that only the model and the data show: the projection R (`sketch_dim` x `num_params` float32)
+  must fit in MAX_PROJECTION_BYTES, and a `real` calibration batch is drawn from the training samples."""
+  errors = []
+  k, limit = hparams.sketch_dim, max(1, MAX_PROJECTION_BYTES // (4 * num_params))
+  if k > limit:
+    errors.append(error("fedpsa.sketch_dim", k, f"an integer in [1, {limit}] with this model ({num_params:,} "
+                        f"parameters): the projection R of sketch_dim x parameters float32 must fit in "
+                        f"{MAX_PROJECTION_BYTES // 2**30} GiB"))
+  if hparams.calibration == "real" and hparams.calibration_size > train_size:
+    errors.append(error("fedpsa.calibration_size", hparams.calibration_size,
+                        f"an integer in [1, {train_size}] with fedpsa.calibration='real' (a batch drawn from the "
+                        f"{train_size} training samples)"))
+  return errors
 
 
 @register("fedpsa")
@@ -212,28 +235,35 @@ class FedPSA(Strategy):
     # Ablation "w/o S": κ from sketches of the raw parameters (R θ), ≈ 1 for every client, so the weights are
     # nearly uniform; with no_temperature=True this is "w/o T&S"
     c.no_sensitivity = False
+    c.calibration = "gaussian"  # the shared calibration batch D_b: gaussian (synthetic) | real (training samples)
+    c.calibration_size = 32  # |D_b| (Table 5 tries 16-512)
+    c.sketch_dim = 16  # k, rows of the random projection R (Eq. 11)
     # Fig. 6 diagnostic: log align = cos(g_client, g_server) on a held-out test batch (Eqs. 21-22) beside κ
-    # in events.jsonl (needs output.events). Costs two gradients on eval.alignment_batch_size samples per
+    # in events.jsonl (needs output.events). Costs two gradients on alignment_batch_size samples per
     # received update; does not change training.
     c.log_alignment = False
+    # Size of that held-out batch, drawn once per run from the test set (seeded); at most the test set.
+    c.alignment_batch_size = 256
     return c
 
   @classmethod
   def validate_config(cls, config: ml_collections.ConfigDict) -> list[str]:
     c = config.fedpsa
     rows = [("buffer_size", buffer_size(config)), ("queue_length", integer(ge=1)), ("gamma", number(ge=0)),
-            ("delta", number(ge=0)), ("no_temperature", boolean), ("no_sensitivity", boolean)]
-    # A section written before these two fields existed reads as their defaults (False, 0), as `__init__` and
-    # `fixed_temperature` read it.
-    rows += [(field, validator) for field, validator in (
-        ("log_alignment", boolean),
-        ("fixed_temperature", number(ge=0, note="0: Temp = gamma + delta; > 0: the fixed Temp of no_temperature")))
-             if field in c]
+            ("delta", number(ge=0)), ("no_temperature", boolean), ("no_sensitivity", boolean),
+            ("log_alignment", boolean),
+            ("fixed_temperature", number(ge=0, note="0: Temp = gamma + delta; > 0: the fixed Temp of no_temperature")),
+            ("calibration", one_of(CALIBRATION_KINDS)),
+            ("calibration_size", integer(ge=1, le=MAX_CALIBRATION_SIZE, note="the batch is held whole and every "
+                                         "client's sensitivity is computed on all of it; Table 5: 16-512")),
+            ("sketch_dim", integer(ge=1, le=MAX_SKETCH_DIM, note="the rows of the sketch_dim x parameters float32 "
+                                   "projection held in memory; default 16")),
+            ("alignment_batch_size", integer(ge=1))]
     errors = section_errors(config, "fedpsa", rows)
-    if c.get("log_alignment", False) is True and not config.output.events:
+    if c.log_alignment is True and not config.output.events:
       errors.append("fedpsa.log_alignment=True is invalid with output.events=False; allowed: output.events=True "
                     "(the pairs are written to events.jsonl), or log_alignment=False")
-    fixed = c.get("fixed_temperature", 0.0)
+    fixed = c.fixed_temperature
     if is_number(fixed) and fixed > 0 and c.no_temperature is not True:
       # Without the switch the thermometer sets Temp: a fixed value would silently do nothing.
       errors.append(f"fedpsa.fixed_temperature={fixed!r} is invalid with fedpsa.no_temperature="
@@ -244,26 +274,25 @@ class FedPSA(Strategy):
 
   def __init__(self, config, ctx):
     super().__init__(config, ctx)
-    s = config.sensitivity
-    R = sensitivity.projection_matrix(seeding.device_key(ctx.seed, "fedpsa/projection"), s.sketch_dim,
+    h, runtime = self.hparams, config.runtime
+    errors = bound_errors(h, sensitivity.num_params(ctx.params_shape), ctx.split_sizes.get("train", 0))
+    if errors:  # (before R is drawn: that could be the allocation that fails)
+      raise ConfigError("invalid config for this model and data:\n  " + "\n  ".join(errors))
+    R = sensitivity.projection_matrix(seeding.device_key(ctx.seed, "fedpsa/projection"), h.sketch_dim,
                                       sensitivity.num_params(ctx.params_shape))
     # One sketch function, s̃ = sketch_of(params, R, x, y) (Eqs. 8, 11), compiled once for the clients, `init`
     # and the server's rounds; R and D_b are arguments (a closed-over R would be baked into the program).
     self._sketch_of = functools.partial(
-        sensitivity.sketch_of, ctx.apply_fn, chunk_size=s.chunk_size,
-        use_sensitivity=not self.hparams.no_sensitivity, method=s.fisher)
-    self._sketch_inputs = (R, *map(jnp.asarray, calibration_batch(ctx, s.calibration, s.calibration_size)))
-    # The sketch's device work: the MNIST CNN's took 32 ms at |D_b| = 32 against 0.75 ms per training
-    # sample at B = 64 (~1.4 |D_b| samples), and each round adds the new global model's; 2 |D_b| in all.
-    # Counted on the server's device at 2 host devices, the default job ran ~5% faster (docs/performance.md).
-    # Under no_sensitivity the sketch is R vec(Θ) alone (~2 ms for the CNN): no per-sample gradients to count.
-    payload_samples = 0 if self.hparams.no_sensitivity else 2 * int(s.calibration_size)
+        sensitivity.sketch_of, ctx.apply_fn, chunk_size=runtime.fisher_chunk_size,
+        use_sensitivity=not h.no_sensitivity, method=runtime.fisher)
+    self._sketch_inputs = (R, *map(jnp.asarray, calibration_batch(ctx, h.calibration, h.calibration_size)))
+    # The sketch's device work in training samples' worth (docs/performance.md, "Host devices"); under
+    # no_sensitivity the sketch is R vec(Θ) alone: no per-sample gradients to count.
+    payload_samples = 0 if h.no_sensitivity else 2 * int(h.calibration_size)
     self.client = ClientSide(payload=self._client_payload, payload_samples=payload_samples)
     self._alignment_fn = None
-    if self.hparams.get("log_alignment", False):
-      if ctx.sample is None:
-        raise ValueError("fedpsa.log_alignment needs StrategyContext.sample (a held-out test batch)")
-      x, y = ctx.sample("test", min(config.eval.alignment_batch_size, ctx.split_sizes["test"]), "alignment")
+    if h.log_alignment:
+      x, y = ctx.sample("test", min(h.alignment_batch_size, ctx.split_sizes["test"]), "alignment")
       self._alignment_fn = make_alignment_fn(ctx.apply_fn, x, y)
 
   def init(self, params: Params) -> FedPSAState:
