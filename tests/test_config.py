@@ -239,3 +239,36 @@ def test_data_errors_name_the_field_and_the_range_the_data_allows(fields, sizes,
   with pytest.raises(config_lib.ConfigError, match="invalid config for this dataset"):
     config_lib.validate_data(c, sizes)
   assert config_lib.data_errors(config_lib.base_config(), SIZES) == []  # the defaults fit
+
+
+def _uncommented_fields(path: str) -> list[str]:
+  """`c.<field> = ...` assignments of a config-building module with no comment on their line or right above
+  (the block of comment lines that ends on the line before)."""
+  import ast
+
+  source = open(path).read()
+  lines = source.splitlines()
+  out = []
+  for node in ast.walk(ast.parse(source)):
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)):
+      continue
+    target = ast.unparse(node.targets[0])
+    if not target.startswith("c.") or isinstance(node.value, ast.Call) and ast.unparse(node.value.func).endswith(
+        ("ConfigDict", "default_config", "runtime_config")):
+      continue  # (a section, not a field)
+    line = lines[node.end_lineno - 1]
+    above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+    if "#" not in line and not above.startswith("#"):
+      out.append(f"{os.path.basename(path)}:{node.lineno} {target}")
+  return out
+
+
+def test_every_config_field_has_a_comment():
+  """Every field of the schema and of each strategy's section says what it means, where it is defined."""
+  from fedpsa_jax import strategies
+  from fedpsa_jax.config import schema
+
+  strategies.load_all()
+  paths = [schema.__file__] + sorted({sys.modules[cls.__module__].__file__ for cls in strategies.registered().values()})
+  missing = [entry for path in paths for entry in _uncommented_fields(path)]
+  assert missing == []

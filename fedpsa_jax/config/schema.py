@@ -130,7 +130,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Slow devices (CASA's setting: 0.3 at 5x): a fixed set of round(slow_fraction * N) clients, drawn with
   # the latency generator, has its response times multiplied by slow_factor. 0.0: none (no extra draw).
   c.sim.latency.slow_fraction = 0.0
-  c.sim.latency.slow_factor = 5.0
+  c.sim.latency.slow_factor = 5.0  # the slow clients' response-time multiplier
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every_days = 0.01  # evaluate the global model every this many virtual days (and at 0, end)

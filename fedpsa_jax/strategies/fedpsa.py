@@ -16,11 +16,10 @@ How it runs: three jitted calls per round, however many updates arrive. s̃_g ch
 κ of a round is taken against the same sketch; Q, M0 and Temp are read only at the flush (Temp as left by the
 round's last push). So a receive without a flush only appends (Δ_i, s̃_i) to the buffer, with no device work,
 and the flush computes, in arrival order, every κ_i and m_i, the queue pushes, M0 if the queue fills this
-round, Temp, the weights and the new w (`_aggregate`), then the new w's sketch s̃_g (the clients' sketch
-function: `sensitivity.sketch_of`, the sensitivity and its projection as two calls, which on XLA:CPU ran ~40%
-faster than one). The sketch is not part of `_aggregate` because that compiles once per buffer length: with
-the sketch (the per-sample-gradient Fisher) inside, every length compiled it again (~5 s more compile time on
-the default job, and the compiler's memory); on its own it compiles once, for clients and server alike.
+round, Temp, the weights and the new w (`_aggregate`), then the new w's sketch s̃_g with the clients' sketch
+function (`sensitivity.sketch_of`). The sketch is not part of `_aggregate` because that compiles once per buffer
+length: with the per-sample-gradient Fisher inside, every length would compile it again; on its own it compiles
+once, for clients and server alike (docs/performance.md).
 The aggregation is that of the per-arrival description (same queue, M0 and Temp at each flush); what
 differs is what the state shows between flushes: `queue`, `queue_count`, `m0` and `temperature` (and so
 `diagnostics`' thermometer) are those of the last flush. `event_records` (events.jsonl only) takes a flush's
