@@ -4,8 +4,8 @@
 
 For each model and each count k, prints the seconds XLA takes to compile `LocalTrainer.run_batches`
 with k full batches (B = 64, MNIST-shaped data, the arrays passed as arguments as the simulation does),
-and the milliseconds per SGD step when the host calls that program back to back. This picked
-one step per call (`LocalTrainer(max_unroll=1)`, what a run uses): run time per step does not fall with k, compile time grows with it.
+and the milliseconds per SGD step when the host calls that program back to back. This picked one step per
+call (`LocalTrainer(max_unroll=1)`, what a run uses): run time per step does not fall with k, compile time grows.
 Pin it to one core: with forced host devices each client trains on one core.
 """
 
