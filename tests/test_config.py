@@ -171,8 +171,8 @@ def test_sensitivity_sizes_are_bounded_by_memory_and_the_model():
   c.fedpsa.sketch_dim = 161
   assert fedpsa.bound_errors(c.fedpsa, 1_663_370, train_size=4500) == []
   c.fedpsa.sketch_dim = 162
-  (message,) = fedpsa.bound_errors(c.fedpsa, 1_663_370, train_size=4500)
-  assert message.startswith("fedpsa.sketch_dim=162 is invalid; allowed: an integer in [1, 161] with this model "
+  (message,) = fedpsa.bound_errors(c.fedpsa, 1_663_370, train_size=4500, model="mnist_cnn")
+  assert message.startswith("fedpsa.sketch_dim=162 is invalid; allowed: an integer in [1, 161] with model.name='mnist_cnn' "
                             "(1,663,370 parameters")
   c.fedpsa.sketch_dim = 4096
   assert fedpsa.bound_errors(c.fedpsa, 7850, train_size=4500) == []  # a small model: the static bound applies

@@ -199,14 +199,15 @@ def calibration_batch(ctx, kind: str, size: int) -> tuple[jax.Array, jax.Array]:
   return jnp.asarray(x), jnp.asarray(y)
 
 
-def bound_errors(hparams: ml_collections.ConfigDict, num_params: int, train_size: int) -> list[str]:
+def bound_errors(hparams: ml_collections.ConfigDict, num_params: int, train_size: int, model: str = "") -> list[str]:
   """The bounds that only the model and the data show: the projection R (`sketch_dim` x `num_params` float32)
-  must fit in MAX_PROJECTION_BYTES, and a `real` calibration batch is drawn from the training samples."""
+  must fit in MAX_PROJECTION_BYTES, and a `real` calibration batch is drawn from the training samples. `model`
+  names the model in the message."""
   errors = []
   k, limit = hparams.sketch_dim, max(1, MAX_PROJECTION_BYTES // (4 * num_params))
   if k > limit:
-    errors.append(error("fedpsa.sketch_dim", k, f"an integer in [1, {limit}] with this model ({num_params:,} "
-                        f"parameters): the projection R of sketch_dim x parameters float32 must fit in "
+    errors.append(error("fedpsa.sketch_dim", k, f"an integer in [1, {limit}] with model.name={model!r} "
+                        f"({num_params:,} parameters): the projection R of sketch_dim x parameters float32 must fit in "
                         f"{MAX_PROJECTION_BYTES // 2**30} GiB"))
   if hparams.calibration == "real" and hparams.calibration_size > train_size:
     errors.append(error("fedpsa.calibration_size", hparams.calibration_size,
@@ -274,7 +275,8 @@ class FedPSA(Strategy):
   def __init__(self, config, ctx):
     super().__init__(config, ctx)
     h, runtime = self.hparams, config.runtime
-    errors = bound_errors(h, sensitivity.num_params(ctx.params_shape), ctx.split_sizes.get("train", 0))
+    errors = bound_errors(h, sensitivity.num_params(ctx.params_shape), ctx.split_sizes.get("train", 0),
+                          model=config.model.name)
     if errors:  # (before R is drawn: that could be the allocation that fails)
       raise ConfigError("invalid config for this model and data:\n  " + "\n  ".join(errors))
     R = sensitivity.projection_matrix(seeding.device_key(ctx.seed, "fedpsa/projection"), h.sketch_dim,
