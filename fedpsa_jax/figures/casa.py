@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from fedpsa_jax import figures, io
+from fedpsa_jax import io, report_lib
 
 
 def cluster_matrix(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
@@ -32,7 +32,7 @@ def run_figures(run_dir: str, out_dir: str) -> list[str]:
   if clusters.size == 0:
     return []
   os.makedirs(out_dir, exist_ok=True)
-  plt = figures.pyplot()
+  plt = report_lib.pyplot()
   import matplotlib.ticker  # (after pyplot() chose the backend)
 
   fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=(2, 1),
