@@ -1,4 +1,4 @@
-"""The run directory (DESIGN §6): config.json, metrics.jsonl, events.jsonl, summary.json, checkpoints/.
+"""The run directory (docs/runs.md): config.json, metrics.jsonl, events.jsonl, summary.json, checkpoints/.
 
 Writing: `RunDir` appends and flushes lines one at a time and replaces summary.json atomically, so a run
 that dies leaves every line it wrote readable. A checkpoint records the byte size of metrics.jsonl and
