@@ -25,7 +25,8 @@ Formulas (t = the asynchronous round, |C_k| = clients assigned to cluster k, τ_
   (`no_decay`: α_i = α_{c,k} = `fixed_alpha` = 0.3, the paper's basic decay coefficient of every
   asynchronous method, also in the trigger of Eq. 14).
 
-Adaptations and readings of the paper (casa.txt garbles its math; see papers/casa_notes.md):
+Adaptations and readings of the paper (its printed math is garbled or silent here; docs/methods.md names the
+readings that matter most):
 - log base: "to ensure α_i is strictly less than 1, |C_k| is actually set to |C_k| + 3". That holds
   with log base 2 (log2(|C_k| + 3) >= 2, so α_{c,k} <= α0·Ω/2 = Ω <= 1 with α0 = 2) and not with the
   natural log (2 / ln 4 = 1.44), so log2 is used; with 100 clients in one cluster it gives α = 0.30, the
@@ -43,10 +44,9 @@ Adaptations and readings of the paper (casa.txt garbles its math; see papers/cas
   of all newcomers.
 - Similarity vectors v: `similarity = 'update'` (default) uses the client's update Δ_i = w_i − w_start,
   `'weights'` the uploaded weights w_i as the paper writes. Models that share an initialisation have
-  weight cosines near 1 for every pair, so the largest eigengap stays after λ_1 (R = 1, no split): on
-  `configs/casa.py:smoke` the weight cosines lay in [0.945, 1] (mean 0.993) and CASA never split the
-  four planted groups, while with updates it found all four. Cosines of updates separate clients with
-  different data (the usual CFL choice, e.g. Sattler et al.).
+  weight cosines near 1 for every pair, so the largest eigengap stays after λ_1 (R = 1, no split; what the
+  smoke run measured is in docs/methods.md). Cosines of updates separate clients with different data (the
+  usual CFL choice, e.g. Sattler et al.).
   The cosine can be negative; the affinity graph of Eq. 12 uses max(A, 0) (a Laplacian needs
   non-negative weights), with A_ii = 1.
 - Alg. 3 runs on a cluster only once it has at least `num_eigenvalues` (10) seen members, so that "the
