@@ -1,7 +1,7 @@
-"""CASA (issue #9): every formula against a hand computation, the eigengap trigger on hand-made similarity
-matrices, the buffer budget, the server step of the strategy against NumPy, config validation, and end to
-end on planted client groups (CASA recovers them and beats FedBuff's personalised accuracy), with a
-checkpoint resume."""
+"""CASA (fedpsa_jax/strategies/casa.py): every formula against a hand computation, the eigengap trigger on
+hand-made similarity matrices, the buffer budget, the newcomer step and the server step of the strategy
+against NumPy, config validation, and end to end on planted client groups (CASA recovers them and beats
+FedBuff's personalised accuracy), with a checkpoint resume."""
 
 from __future__ import annotations
 

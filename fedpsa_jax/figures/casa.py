@@ -1,4 +1,4 @@
-"""CASA's report figure: the clusters over time (issue #9).
+"""CASA's report figure: the clusters over time.
 
 `run_figures(run_dir, out_dir)` reads a run directory (config.json, metrics.jsonl) and, for a CASA run,
 draws `casa_clusters.png`: on top, each client's cluster (colour) at every evaluation (x: virtual day,
