@@ -1,4 +1,4 @@
-"""Checkpoints of a run: everything needed to continue it exactly, written atomically (DESIGN §6).
+"""Checkpoints of a run: everything needed to continue it exactly, written atomically (docs/runs.md).
 
 A checkpoint is one orbax step directory `WORKDIR/checkpoints/<step>` (the step is the virtual time it
 was taken at) with two items:

@@ -1,4 +1,4 @@
-"""What can go wrong that a user caused or must act on, as exception types (DESIGN §6, docs/runs.md).
+"""What can go wrong that a user caused or must act on, as exception types (docs/runs.md, the exit codes).
 
 This module imports nothing from the project (nor JAX), so that every layer, down to the run-directory
 reader and the sweep and report tools, can raise and catch the same errors. `launch.py` turns each into

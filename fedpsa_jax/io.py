@@ -1,4 +1,4 @@
-"""The run directory (DESIGN §6): config.json, metrics.jsonl, events.jsonl, summary.json, checkpoints/.
+"""The run directory (docs/runs.md): config.json, metrics.jsonl, events.jsonl, summary.json, checkpoints/.
 
 Writing: `RunDir` appends and flushes lines one at a time and replaces summary.json atomically, so a run
 that dies leaves every line it wrote readable. A checkpoint records the byte size of metrics.jsonl and
@@ -28,7 +28,7 @@ import json
 import math
 import os
 import warnings
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TextIO
 
 import ml_collections
 
@@ -201,6 +201,34 @@ def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
   return created
 
 
+LOCK_FILE = ".lock"  # one lock file per directory, whoever claims it (a run or a sweep)
+
+
+def claim(lock_path: str, owner: str, refusal: Callable[[str], str]) -> TextIO:
+  """Claims a directory by an exclusive `flock` on its lock file `lock_path`, and writes `owner` into it for
+  whoever is refused next. The claim lasts while the returned file is open: closing it releases it, and so
+  does the process's death, even by SIGKILL (the OS drops the lock), so a claim is never left stale.
+  ConfigError(`refusal(holder)`) at once, without waiting, when another process (or another open claim)
+  holds it; `holder` is what that claimant wrote ('unknown' if nothing)."""
+  f = open(lock_path, "a+")
+  try:
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:
+    f.seek(0)
+    holder = f.read().strip() or "unknown"
+    f.close()
+    raise ConfigError(refusal(holder)) from None
+  try:
+    f.seek(0)
+    f.truncate()
+    f.write(owner + "\n")
+    f.flush()
+  except BaseException:
+    f.close()  # (releases the flock)
+    raise
+  return f
+
+
 class RunDir:
   """A run's output folder."""
 
@@ -211,24 +239,11 @@ class RunDir:
     self._lock: Any = None
 
   def lock(self) -> None:
-    """Claims the directory for this run until `close()` (or the process dies: the OS drops the lock
-    then, so a killed run never leaves it stale). ConfigError if another run holds it: two runs
-    appending to and truncating the same outputs would corrupt both."""
-    f = open(self.file(".lock"), "a+")
-    try:
-      fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-      f.seek(0)
-      owner = f.read().strip() or "unknown"
-      f.close()
-      raise ConfigError(
-          f"--workdir={self.path!r} is in use by another run ({owner}); allowed: a workdir no running "
-          "process (or unclosed Simulation) writes to") from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()}\n")
-    f.flush()
-    self._lock = f
+    """Claims the directory for this run until `close()` (`claim`). ConfigError if another run holds it: two
+    runs appending to and truncating the same outputs would corrupt both."""
+    self._lock = claim(self.file(LOCK_FILE), f"pid {os.getpid()}", lambda holder: (
+        f"--workdir={self.path!r} is in use by another run ({holder}); allowed: a workdir no running "
+        "process (or unclosed Simulation) writes to"))
 
   def file(self, name: str) -> str:
     return os.path.join(self.path, name)

@@ -14,7 +14,7 @@ Flax's init and 0.45 with PyTorch's), which moves AULC and FedPSA's M0: `torch` 
 
 Models with a feature extractor (every one but `Linear`) take `return_features=True` and then return
 `(features, logits)`: the features are the input of the last Dense layer, the classifier (FedPAC's split,
-DESIGN §4). The default call `model.apply(params, x)` returns the logits, and parameter names do not
+docs/methods.md). The default call `model.apply(params, x)` returns the logits, and parameter names do not
 depend on the flag, so one parameter tree serves both calls.
 """
 

@@ -1,5 +1,5 @@
-"""Compiled cost and measured time of every jitted piece of a run (issue: sensitivity at the cost the
-paper promises, Sec. 6.5 / Fig. 5).
+"""Compiled cost and measured time of every jitted piece of a run (to check that the sensitivity
+costs what the paper promises, Sec. 6.5 / Fig. 5).
 
 For the configured model and data, each piece is compiled once, then reported with:
 - `gflops` and `gbytes` from XLA's cost analysis of the compiled program. XLA counts a loop body

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import fcntl
 import itertools
 import os
 import re
@@ -45,7 +44,7 @@ from fedpsa_jax import io, run_identity
 from fedpsa_jax.errors import ConfigError
 
 SWEEP_FILE = "sweep.json"
-LOCK_FILE = ".lock"  # (the name io.RunDir locks: one lock file per directory, whoever holds it)
+LOCK_FILE = io.LOCK_FILE
 RUNS_DIR = "runs"
 EXECUTORS = ("local", "ray")
 _LABEL = re.compile(r"^[A-Za-z0-9._+-]+$")  # labels become directory names: keep them portable
@@ -145,29 +144,19 @@ def write_sweep_json(sweep: ml_collections.ConfigDict, members: Sequence[Member]
 
 @contextlib.contextmanager
 def locked(sweep_dir: str, name: str = "") -> Iterator[None]:
-  """Holds SWEEP_DIR/.lock inside the block: the sweep's claim on its directory, taken as `io.RunDir.lock`
-  takes a run's (fcntl.flock, so the OS drops it when the process dies, even by SIGKILL: never stale).
-  ConfigError at once if another sweep (or a run) holds it: two sweeps writing sweep.json and running the
-  same members into the same run directories would collide."""
+  """Holds SWEEP_DIR/.lock inside the block: the sweep's claim on its directory (`io.claim`, the claim a
+  run's `io.RunDir.lock` takes too). ConfigError at once if another sweep (or a run) holds it: two sweeps
+  writing sweep.json and running the same members into the same run directories would collide."""
   os.makedirs(sweep_dir, exist_ok=True)
-  f = open(os.path.join(sweep_dir, LOCK_FILE), "a+")
+  owner = f"sweep {name}, pid {os.getpid()}" if name else f"sweep, pid {os.getpid()}"
+  f = io.claim(os.path.join(sweep_dir, LOCK_FILE), owner, lambda holder: (
+      f"--workdir={sweep_dir!r} is in use by another sweep or run ({holder}); allowed: a sweep directory no "
+      "running sweep uses (wait for that one to end: rerunning the same command then resumes it), or another "
+      "--workdir"))
   try:
-    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except OSError:
-    f.seek(0)
-    owner = f.read().strip() or "unknown"
-    f.close()
-    raise ConfigError(f"--workdir={sweep_dir!r} is in use by another sweep or run ({owner}); allowed: a sweep "
-                      "directory no running sweep uses (wait for that one to end: rerunning the same command "
-                      "then resumes it), or another --workdir") from None
-  try:
-    f.seek(0)
-    f.truncate()
-    f.write(f"sweep {name}, pid {os.getpid()}\n" if name else f"sweep, pid {os.getpid()}\n")
-    f.flush()
     yield
   finally:
-    f.close()  # releases the flock
+    f.close()  # releases the claim
 
 
 def read_sweep_json(sweep_dir: str) -> dict[str, Any]:

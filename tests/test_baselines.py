@@ -391,7 +391,7 @@ def test_paper_configs_select_the_baselines(method):
   for dataset in ("mnist", "cifar10", "cifar100"):
     cfg = config_lib.validate(_paper_config(f"method={method},dataset={dataset}"))
     assert cfg.method == method
-  # DESIGN §4's defaults.
+  # The defaults of docs/methods.md, 'Defaults'.
   defaults = {"ca2fl": {"buffer_size": 5, "server_lr": 1.0}, "fedfa": {"window_size": 5},
               "fedpac": {"buffer_size": 5, "lam": 1.0}}[method]
   assert {k: cfg[method][k] for k in defaults} == defaults

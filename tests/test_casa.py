@@ -1,10 +1,11 @@
-"""CASA (issue #9): every formula against a hand computation, the eigengap trigger on hand-made similarity
-matrices, the buffer budget, the server step of the strategy against NumPy, config validation, and end to
-end on planted client groups (CASA recovers them and beats FedBuff's personalised accuracy), with a
-checkpoint resume."""
+"""CASA (fedpsa_jax/strategies/casa.py): every formula against a hand computation, the eigengap trigger on
+hand-made similarity matrices, the buffer budget, the newcomer step and the server step of the strategy
+against NumPy, config validation, and end to end on planted client groups (CASA recovers them and beats
+FedBuff's personalised accuracy), with a checkpoint resume."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -232,6 +233,50 @@ def test_receive_applies_bilevel_decay_and_buffers_by_hand():
   state = s.dispatch(state, 0)[0]
   state, _ = s.receive(state, [Arrival(0, 10, 0, 20, PARAMS0, deltas[0], ())])
   assert sum(1 for it in state.items if it["owner"] == 3 and it["source"] == 0) == n_before == 1
+
+
+def test_newcomer_step_joins_the_nearest_cluster_of_seen_clients_by_hand():
+  s = _strategy(n=4)
+  v1, v2, v_i = np.array([1.0, 0, 0], np.float32), np.array([0.0, 1, 0], np.float32), np.array([0.9, 1, 0], np.float32)
+  # Two clusters; client 0 (a newcomer) holds in its buffer updates of client 1 (cluster 0, seen), client 2
+  # (cluster 1, seen) and client 3 (in cluster 0 but itself a newcomer, so left out of Eq. 15).
+  state = s.init(PARAMS0).replace(
+      models=(PARAMS0, PARAMS0), assign=np.array([0, 0, 1, 0]), seen=np.array([False, True, True, False]),
+      items=tuple({"owner": 0, "source": j, "key": j} for j in (1, 2, 3)),
+      vectors={1: v1, 2: v2, 3: v_i})
+  update = casa.Update(client=0, weights=PARAMS0, vector=v_i, clock=0, newcomer=True)
+  # rep_0 = v1, rep_1 = v2: cos(v_i, v1) = 0.9 / 1.345 ≈ 0.669 < cos(v_i, v2) = 1 / 1.345 ≈ 0.743 -> cluster 1.
+  # (Counting client 3, rep_0 = (20 v1 + 40 v_i) / 60 would give cos ≈ 0.977 and cluster 0.)
+  after = s._assign_newcomer(state, update)
+  assert after.assign.tolist() == [1, 0, 1, 0] and after.seen.tolist() == [True, True, True, False]
+  assert state.assign.tolist() == [0, 0, 1, 0] and not state.seen[0]  # the given state is unchanged
+  # A client already seen keeps its cluster.
+  seen = state.replace(seen=np.array([True, True, True, False]))
+  assert s._assign_newcomer(seen, dataclasses.replace(update, newcomer=False)).assign.tolist() == [0, 0, 1, 0]
+
+
+def test_receive_leaves_the_given_state_unchanged_and_event_records_match_its_arrivals():
+  s = _strategy(n=12, gamma=1e6, num_eigenvalues=3, min_computed=0.0)  # a trigger that splits at once
+  state = s.init(PARAMS0)
+  rng = np.random.default_rng(6)
+  for step in range(30):
+    arrivals = [Arrival(c, 10, 0, 0, PARAMS0, _delta(rng), ()) for c in sorted({step % 12, (5 * step + 1) % 12})]
+    before = {f: np.copy(getattr(state, f))
+              for f in ("assign", "seen", "similarity", "computed", "start", "last_alpha")}
+    items, vectors, models = state.items, dict(state.vectors), state.models
+    new, _ = s.receive(state, arrivals)
+    for f, value in before.items():
+      np.testing.assert_array_equal(getattr(state, f), value, err_msg=f)
+    assert state.items is items and state.vectors == vectors and state.models is models
+    records = s.event_records(new, arrivals)  # one per arrival, the last one's also the diagnostics' `last`
+    assert len(records) == len(arrivals) and new.last == {k: float(v) for k, v in records[-1].items()}
+    assert records[-1]["cluster"] == new.assign[arrivals[-1].client]
+    state = new
+    for a in arrivals:
+      state = s.dispatch(state, a.client)[0]
+  assert state.splits > 0  # the steps that split a cluster were exercised too
+  with pytest.raises(ValueError, match="arrivals of the last receive"):
+    s.event_records(state, arrivals[:1] * 3)
 
 
 def test_large_gap_pruning_and_budget_never_exceeded():

@@ -1,4 +1,4 @@
-"""Every failure a user can cause ends in one clear message and a distinct exit code (issue 21).
+"""Every failure a user can cause ends in one clear message and a distinct exit code.
 
 - Errors while flags and config files are parsed (a typo in a field, a bad `:arg`, a missing or broken
   config file, a bad sweep argument, an unknown flag): exit 2, one line, no traceback, no workdir.

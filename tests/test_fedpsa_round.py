@@ -1,5 +1,5 @@
 """FedPSA's server work per round: two jitted calls at the flush (the aggregation, the new global model's
-sketch), none at the receives before it (issue 19).
+sketch), none at the receives before it.
 
 Executions are counted where XLA runs them (`pxla.ExecuteReplicated.__call__`), with JAX's C++ dispatch fast
 path turned off for the span (it would run a cached executable without passing through Python), so every

@@ -1,4 +1,4 @@
-"""The host loop waits on the devices only where it must (issue 19): between evaluations, FedBuff's and
+"""The host loop waits on the devices only where it must: between evaluations, FedBuff's and
 FedPSA's loops read no device value on the host (each read is a sync: the host stops until the device has
 computed it). Evaluations write metrics and may read.
 

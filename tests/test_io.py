@@ -2,7 +2,8 @@
 
 - non-finite numbers are written as "nan"/"inf"/"-inf" and read back as floats at any depth;
 - `read_run` gives back what `RunDir` wrote (config in JSON form, summary, metrics, events);
-- `io`, `sweep` and `report` import without JAX (and without the simulator).
+- `io`, `sweep` and `report` import without JAX (and without the simulator);
+- `claim`, the one directory claim of runs and sweeps: refused while held, naming the holder; free once closed.
 """
 
 from __future__ import annotations
@@ -69,6 +70,18 @@ def test_config_error_is_the_same_class_everywhere():
   from fedpsa_jax import errors
 
   assert config_lib.ConfigError is errors.ConfigError and issubclass(errors.ConfigError, ValueError)
+
+
+def test_a_claim_is_refused_while_held_naming_the_holder_and_free_once_released(tmp_path):
+  lock = str(tmp_path / io.LOCK_FILE)
+  held = io.claim(lock, "sweep first, pid 1", lambda holder: f"unused {holder}")
+  with pytest.raises(ConfigError, match=r"^in use by \(sweep first, pid 1\)$"):
+    io.claim(lock, "pid 2", lambda holder: f"in use by ({holder})")  # a second open file: flock refuses it too
+  assert open(lock).read() == "sweep first, pid 1\n"  # the refused claimant wrote nothing
+  held.close()
+  again = io.claim(lock, "pid 2", lambda holder: f"unused {holder}")
+  assert open(lock).read() == "pid 2\n"  # the new owner replaces the old one's text
+  again.close()
 
 
 def test_io_sweep_and_report_import_without_jax():

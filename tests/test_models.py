@@ -23,7 +23,7 @@ def dense(n_in: int, n_out: int) -> int:
   return n_in * n_out + n_out
 
 
-# (model, classes, input shape, layer-by-layer count, the count the issue states)
+# (model, classes, input shape, layer-by-layer count, the parameter count the model must have)
 PAPER_MODELS = [
     ("mnist_cnn", 10, (28, 28, 1), conv(5, 1, 32) + conv(5, 32, 64) + dense(7 * 7 * 64, 512) + dense(512, 10),
      1_663_370),

@@ -20,7 +20,7 @@ import pytest
 import scipy.stats
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import api, figures, io, paper, report, sweep
+from fedpsa_jax import api, figures, io, paper, report, report_lib, sweep
 from fedpsa_jax.figures import fedpsa as fedpsa_figures
 from fedpsa_jax.models import get_model
 from fedpsa_jax.sim import runner
@@ -293,7 +293,7 @@ def test_sweep_report_dispatches_to_a_plugin_kind(tmp_path, monkeypatch):
 
   def scatter(r: report.SweepReport) -> list[str]:
     seen.append(r)
-    return [report.write_text(r.path("scatter.md"), r.title + "x\n")]
+    return [report_lib.write_text(r.path("scatter.md"), r.title + "x\n")]
 
   plugin = types.SimpleNamespace(REPORT_KINDS={"scatter": scatter})
   monkeypatch.setattr(figures, "modules", lambda: [types.SimpleNamespace(), plugin])
@@ -324,3 +324,15 @@ def test_report_and_its_plugins_need_no_jax():
   done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr
   assert done.stdout.strip() == "[]"
+
+
+def test_the_plugins_and_report_lib_do_not_import_the_report_driver():
+  """Reports import one way: report_lib <- figures/ <- report, so a plug-in can never loop back into the driver."""
+  code = ("import sys\n"
+          "import fedpsa_jax.report_lib, fedpsa_jax.figures as figures\n"
+          "figures.modules()\n"
+          "print('fedpsa_jax.report' in sys.modules)\n")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.strip() == "False"

@@ -1,7 +1,7 @@
 """End to end: every job's dispatch round and learning rate, and every arrival's staleness, recomputed from
 events.jsonl alone and compared with what a real run logged, handed to its strategy and trained with.
 
-The clock's contract (DESIGN §3): a round is one aggregation, at most one per event time; at one virtual time
+The clock's contract (docs/simulation.md): a round is one aggregation, at most one per event time; at one virtual time
 the dispatches happen before that time's arrivals are received (FLGo samples before it receives); a job is
 trained with lr0 · decay^r, r the round at its dispatch; an arrival's staleness is the round when it is
 received (before the round it may trigger) minus its dispatch round. So from the log's round times alone:

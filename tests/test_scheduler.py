@@ -1,4 +1,4 @@
-"""The virtual clock (DESIGN §3) driven directly, with a fake buffered "strategy" and own bookkeeping;
+"""The virtual clock (docs/simulation.md) driven directly, with a fake buffered "strategy" and own bookkeeping;
 and the latency distributions against their documented laws."""
 
 from __future__ import annotations

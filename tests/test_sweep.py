@@ -187,7 +187,7 @@ def test_ray_executor_gives_the_local_executor_results(tmp_path):
     assert remote[name]["sweep_action"] == "ran"
     assert {k: v for k, v in remote[name].items() if k not in TIMING} == {
         k: v for k, v in local[name].items() if k not in TIMING}
-    for directory in ("local", "ray"):  # each member left the run directory of DESIGN §6
+    for directory in ("local", "ray"):  # each member left a run directory (docs/runs.md)
       assert {"config.json", "metrics.jsonl", "summary.json"} <= set(os.listdir(tmp_path / directory / "runs" / name))
     lines = [[{k: v for k, v in r.items() if k not in TIMING} for r in io.read_jsonl(tmp_path / d / "runs" / name /
                                                                                       "metrics.jsonl")]

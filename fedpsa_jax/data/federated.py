@@ -45,10 +45,6 @@ class FederatedData:
   def num_clients(self) -> int:
     return int(self.client_sizes.shape[0])
 
-  @property
-  def max_client_size(self) -> int:
-    return int(self.client_indices.shape[1])
-
 
 def split_client_test(parts: list[np.ndarray], fraction: float,
                       rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:

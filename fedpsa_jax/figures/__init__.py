@@ -6,13 +6,14 @@ A module defines any of
 - `group_figures(run_dirs, out_dir) -> list[str]`: figures over several runs (a sweep), e.g. AiFed's
   accuracy against accumulated upload MB;
 - `REPORT_KINDS = {kind: fn}`: sweep report layouts beyond report.py's generic 'table', 'curves' and
-  'heatmap', chosen by a sweep config's `report.kind`; `fn(r: report.SweepReport) -> list[str]` writes
+  'heatmap', chosen by a sweep config's `report.kind`; `fn(r: report_lib.SweepReport) -> list[str]` writes
   into `r.out` (FedPSA's Fig. 5 'overhead' and Fig. 6 'alignment', figures/fedpsa.py).
 `fedpsa_jax.report` calls `run_figures` below for each run and `group_figures` for the whole sweep; they
 call the function of that name in every module that defines it (in module-name order) and return the
 paths written. A module that has nothing to draw for a run (not its method) returns []. `report_kinds`
 gathers the modules' kinds for `report.report_kinds`. The modules read run directories only, so that
-reports need no JAX.
+reports need no JAX. They draw with `fedpsa_jax.report_lib` (tables, `pyplot`, `save_figure`), never with
+`fedpsa_jax.report`, which imports this package.
 """
 
 from __future__ import annotations
@@ -21,18 +22,9 @@ import importlib
 import os
 import pkgutil
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
-
-def pyplot():
-  """matplotlib.pyplot on the Agg backend (files only, no display), chosen when a figure is drawn, not
-  when a module is imported. Every figure of the report and of the plug-ins gets pyplot here."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  return plt
+from fedpsa_jax.report_lib import ReportKind
 
 
 def modules() -> list[ModuleType]:
@@ -61,10 +53,10 @@ def group_figures(run_dirs: Sequence[str], out_dir: str) -> list[str]:
   return written
 
 
-def report_kinds() -> dict[str, Callable[[Any], list[str]]]:
+def report_kinds() -> dict[str, ReportKind]:
   """{kind: fn} of every module's `REPORT_KINDS`; a kind that two modules define is an error (one would
   silently hide the other)."""
-  kinds: dict[str, Callable[[Any], list[str]]] = {}
+  kinds: dict[str, ReportKind] = {}
   for module in modules():
     for kind, fn in dict(getattr(module, "REPORT_KINDS", {})).items():
       if kind in kinds:

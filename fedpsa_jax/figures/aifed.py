@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from fedpsa_jax import figures, io
+from fedpsa_jax import io, report_lib
 
 
 def _label(run_dir: str) -> str:
@@ -30,7 +30,7 @@ def accuracy_vs_upload(run_dir: str) -> tuple[list[float], list[float]]:
 
 def group_figures(run_dirs: list[str], out_dir: str) -> list[str]:
   """Accuracy against accumulated uploaded MiB for `run_dirs`, one PNG in `out_dir`; returns its path."""
-  plt = figures.pyplot()
+  plt = report_lib.pyplot()
   os.makedirs(out_dir, exist_ok=True)
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
   for run_dir in run_dirs:
@@ -41,8 +41,4 @@ def group_figures(run_dirs: list[str], out_dir: str) -> list[str]:
   ax.set_title("Accuracy vs communication")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  path = os.path.join(out_dir, "accuracy_vs_upload.png")
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return [path]
+  return [report_lib.save_figure(fig, os.path.join(out_dir, "accuracy_vs_upload.png"))]

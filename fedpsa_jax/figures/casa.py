@@ -1,4 +1,4 @@
-"""CASA's report figure: the clusters over time (issue #9).
+"""CASA's report figure: the clusters over time.
 
 `run_figures(run_dir, out_dir)` reads a run directory (config.json, metrics.jsonl) and, for a CASA run,
 draws `casa_clusters.png`: on top, each client's cluster (colour) at every evaluation (x: virtual day,
@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from fedpsa_jax import figures, io
+from fedpsa_jax import io, report_lib
 
 
 def cluster_matrix(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
@@ -32,7 +32,7 @@ def run_figures(run_dir: str, out_dir: str) -> list[str]:
   if clusters.size == 0:
     return []
   os.makedirs(out_dir, exist_ok=True)
-  plt = figures.pyplot()
+  plt = report_lib.pyplot()
   import matplotlib.ticker  # (after pyplot() chose the backend)
 
   fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=(2, 1),

@@ -9,7 +9,7 @@ sweep config's `report.kind`:
   `fedpsa.log_alignment` (align = cos(g_client, g_server), Eqs. 21-22), pooled over the completed members,
   and their Sec. 6.6 statistics: `alignment.md`, `alignment_bins.csv`, `alignment.json` and the bin plot
   `alignment.png`.
-Both first draw what the generic 'table' kind draws (`report.table_curves`), as they did inside report.py.
+Both first draw what the generic 'table' kind draws (`report_lib.table_curves`).
 Like every module of this package it reads run directories only: no JAX is imported.
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import scipy.stats
 
-from fedpsa_jax import figures, io, report
+from fedpsa_jax import io, report_lib
 
 # (summary field, scale, name) of each Fig. 5 table; bytes_communicated is added to the members by report.py.
 OVERHEAD_METRICS = (("client_compute_seconds", 1.0, "client compute (s)"),
@@ -89,7 +89,7 @@ def alignment_markdown(stats: dict[str, Any]) -> str:
 def alignment_figure(stats: dict[str, Any], path: str, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> str:
   """Fig. 6: mean alignment per κ bin (line) and the count per bin (bars, second axis); with `pairs`
   (κ, align) also every sample, faintly."""
-  plt = figures.pyplot()
+  plt = report_lib.pyplot()
   bins = stats["bins"]
   fig, ax = plt.subplots(figsize=(6, 3.8))
   centres = [b["centre"] for b in bins]
@@ -106,20 +106,21 @@ def alignment_figure(stats: dict[str, Any], path: str, pairs: tuple[np.ndarray, 
   ax.set_title(f"n={stats['n']}: r={stats['pearson']:.3f}, ρ={stats['spearman']:.3f}; binned "
                f"r={stats['binned_pearson']:.3f}, ρ={stats['binned_spearman']:.3f}", fontsize=9)
   ax.grid(True, alpha=0.3)
-  return report.save_figure(fig, path)
+  return report_lib.save_figure(fig, path)
 
 
-def alignment_report(r: report.SweepReport) -> list[str]:
+def alignment_report(r: report_lib.SweepReport) -> list[str]:
   """Report kind 'alignment' (Fig. 6): the pairs of every completed member pooled, their statistics
   (`spec.bin_width`, default 0.1) and the bin plot. No pairs is an error naming the config that logs them."""
-  written = report.table_curves(r)
-  kappa, align = alignment_pairs(report.completed(r.frame)["run_dir"].tolist())
+  written = report_lib.table_curves(r)
+  kappa, align = alignment_pairs(report_lib.completed(r.frame)["run_dir"].tolist())
   if len(kappa) == 0:
-    raise report.ReportError(f"{r.sweep_dir!r}: no κ-alignment pairs in the members' events.jsonl; allowed: a "
-                             "sweep run with fedpsa.log_alignment=True and output.events=True (configs/paper/fig6.py)")
+    raise report_lib.ReportError(f"{r.sweep_dir!r}: no κ-alignment pairs in the members' events.jsonl; allowed: a "
+                                 "sweep run with fedpsa.log_alignment=True and output.events=True "
+                                 "(configs/paper/fig6.py)")
   stats = alignment_stats(kappa, align, float(r.spec.get("bin_width", 0.1)))
-  written.append(report.write_text(r.path("alignment.md"), r.title + alignment_markdown(stats)))
-  written.append(report.write_csv(pd.DataFrame(stats["bins"]), r.path("alignment_bins.csv")))
+  written.append(report_lib.write_text(r.path("alignment.md"), r.title + alignment_markdown(stats)))
+  written.append(report_lib.write_csv(pd.DataFrame(stats["bins"]), r.path("alignment_bins.csv")))
   io.write_json_atomic(r.path("alignment.json"), stats)
   written.append(r.path("alignment.json"))
   written.append(alignment_figure(stats, r.path("alignment.png"), (kappa, align)))
@@ -132,41 +133,41 @@ def alignment_report(r: report.SweepReport) -> list[str]:
 def overhead_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], path: str) -> str:
   """Fig. 5: per dataset panel, bars of client and server compute seconds per method and a line of the
   MiB communicated (uploads + downloads), on a second axis."""
-  plt = figures.pyplot()
-  methods = report.axis_labels(sweep, "method", frame)
-  datasets = report.axis_labels(sweep, "dataset", frame)
+  plt = report_lib.pyplot()
+  methods = report_lib.axis_labels(sweep, "method", frame)
+  datasets = report_lib.axis_labels(sweep, "dataset", frame)
   fig, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets), 3.6), squeeze=False)
   x = np.arange(len(methods))
   for ax, dataset in zip(axes.flat, datasets):
-    stat = {m: {k: report.cell_stats(frame, {"method": m, "dataset": dataset}, k, s)[0]
+    stat = {m: {k: report_lib.cell_stats(frame, {"method": m, "dataset": dataset}, k, s)[0]
                 for k, s, _ in OVERHEAD_METRICS} for m in methods}
     ax.bar(x - 0.2, [stat[m]["client_compute_seconds"] for m in methods], 0.4, label="client compute (s)")
     ax.bar(x + 0.2, [stat[m]["server_compute_seconds"] for m in methods], 0.4, label="server compute (s)")
-    ax.set_xticks(x, [report.display_name(spec, m).replace(" (Ours)", "").replace(" (Base)", "") for m in methods],
-                  rotation=45, fontsize=7)
+    names = [report_lib.display_name(spec, m).replace(" (Ours)", "").replace(" (Base)", "") for m in methods]
+    ax.set_xticks(x, names, rotation=45, fontsize=7)
     ax.set_ylabel("seconds")
-    ax.set_title(report.display_name(spec, dataset))
+    ax.set_title(report_lib.display_name(spec, dataset))
     twin = ax.twinx()
     twin.plot(x, [stat[m]["bytes_communicated"] for m in methods], "k.-", label="communication (MiB)")
     twin.set_ylabel("MiB communicated")
   handles = axes.flat[0].get_legend_handles_labels()
   axes.flat[0].legend(handles[0] + [plt.Line2D([], [], color="k", marker=".")],
                       handles[1] + ["communication (MiB)"], fontsize=7)
-  return report.save_figure(fig, path)
+  return report_lib.save_figure(fig, path)
 
 
-def overhead_report(r: report.SweepReport) -> list[str]:
+def overhead_report(r: report_lib.SweepReport) -> list[str]:
   """Report kind 'overhead' (Fig. 5): one table per `OVERHEAD_METRICS` field in the sweep's rows × cols
   layout (overhead.md, and their means side by side in overhead.csv), and the figure."""
-  written = report.table_curves(r)
+  written = report_lib.table_curves(r)
   sections, tables = [r.title], []
   for metric, scale, name in OVERHEAD_METRICS:
-    markdown, means, _ = report.paper_table(r.sweep, r.frame, {**r.spec, "metric": metric, "scale": scale,
-                                                               "decimals": 3})
+    markdown, means, _ = report_lib.paper_table(r.sweep, r.frame, {**r.spec, "metric": metric, "scale": scale,
+                                                                   "decimals": 3})
     sections.append(f"## {name}\n\n{markdown}")
     tables.append(means.add_prefix(f"{metric}:"))
-  written.append(report.write_text(r.path("overhead.md"), "\n".join(sections)))
-  written.append(report.write_csv(pd.concat(tables, axis=1), r.path("overhead.csv")))
+  written.append(report_lib.write_text(r.path("overhead.md"), "\n".join(sections)))
+  written.append(report_lib.write_csv(pd.concat(tables, axis=1), r.path("overhead.csv")))
   written.append(overhead_figure(r.sweep, r.frame, r.spec, r.path("overhead.png")))
   return written
 

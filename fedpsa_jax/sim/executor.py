@@ -1,4 +1,4 @@
-"""Client execution (DESIGN §5): every job computed once, by the backend that is fastest here.
+"""Client execution (docs/performance.md): every job computed once, by the backend that is fastest here.
 
 A job's result depends only on (parameters at dispatch, client data, lr, key = fold_in(clients_key,
 job_id)), so when, where and beside which other jobs it is computed never changes it (beyond float

@@ -1,4 +1,4 @@
-"""Per-client response times in integer virtual-time units (DESIGN §3).
+"""Per-client response times in integer virtual-time units (docs/simulation.md, 'Response times').
 
 - `uniform`: integers uniform on [low, high] (the paper's 10-500 default).
 - `long_tail`: a bounded Pareto on [low, high] with shape a, rounded down to an integer. Its inverse CDF

@@ -14,7 +14,7 @@ from typing import Any
 
 @dataclasses.dataclass
 class LoopState:
-  """Where the run stands. Times are virtual units (DESIGN §3) unless named `*_seconds`."""
+  """Where the run stands. Times are virtual units (docs/simulation.md, 'Time') unless named `*_seconds`."""
 
   now: int = 0  # the clock: the time of the last event processed (or the budget reached)
   round: int = 0  # global rounds completed (strategy `receive` calls that changed the model)

@@ -1,4 +1,4 @@
-"""The recorder: everything a run writes, in one place (DESIGN §6).
+"""The recorder: everything a run writes, in one place (docs/runs.md, 'What a run writes').
 
 It owns the run directory (config.json, metrics.jsonl, events.jsonl, summary.json; `io.RunDir`), the
 checkpoint store (`checkpoint.CheckpointStore`) and the progress bar. Without a workdir it writes

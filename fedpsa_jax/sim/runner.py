@@ -1,6 +1,6 @@
 """The host loop: the only place that knows data, models, the clock and the strategy at once.
 
-`Simulation(config, workdir).run()` carries out one run as DESIGN §2-3 describe; `run_until(day)` lets a
+`Simulation(config, workdir).run()` carries out one run as docs/simulation.md describes; `run_until(day)` lets a
 notebook advance it step by step. The run is made of parts that each do one job:
 - `sim/build.py`: everything built from the config before the first event (`build_run`);
 - `sim/loop_state.py`: the loop's counters, one record saved and restored as a unit (`LoopState`);

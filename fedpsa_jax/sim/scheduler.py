@@ -1,4 +1,4 @@
-"""The virtual clock of an asynchronous run (DESIGN §3): which client trains when, and when it returns.
+"""The virtual clock of an asynchronous run (docs/simulation.md): which client trains when, and when it returns.
 
 It knows clients only by id and time; it never sees a model. The runner asks it for the next thing
 that happens (`next_time`), lets it dispatch clients (`dispatch`), and hands back arrivals

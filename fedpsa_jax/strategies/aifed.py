@@ -15,29 +15,17 @@ ALMU, the client (Sec. IV-A, Algorithm 1 part 1), one jitted pure function of ar
 - rc_l = squared Pearson correlation of RDA_l under the received global model and under the trained
   local model (Eq. 8);
 - AT = 1 / (1 + exp(-(α_r̂ r̂ + α_acc δ_acc))) (Eq. 9), r̂ the round of the received model;
-- the upload rule F (`upload_when`, three readings; nothing is sent when no layer qualifies):
-  - `consistent`: layer l is uploaded iff rc_l >= AT (Eq. 8 as printed);
-  - `changed`: iff rc_l < AT. The prose ("filter out redundant knowledge") also fits this opposite
-    reading, sending the layers whose representations changed;
-  - `rank` (default: the only reading that reproduces the paper's saving, figures below): the authors'
-    public code's rule (see "The rank reading" below): rc_l is ranked among the
-    last W reports and layer l is uploaded with probability 1 − (j + 1)/W, j its rank from the least
-    consistent (0) up; AT is not used.
+- the upload rule F (`upload_when`, three readings of the paper, compared in docs/methods.md, 'Which upload
+  rule'; nothing is sent when no layer qualifies):
+  - `rank` (default; the authors' code's rule, read as a rank): rc_l is ranked among the last W reports
+    and layer l is uploaded with probability 1 − (j + 1)/W, j its rank from the least consistent (0) up;
+    AT is not used. The only reading that gives the paper's saving;
+  - `consistent`: iff rc_l >= AT (Eqs. 8-9 as printed);
+  - `changed`: iff rc_l < AT (the prose, "filter out redundant knowledge", fits this reading too).
 It sends the chosen layers with its mask, r̂, n and its level of information richness, LIR (below).
 
-The rank reading (`upload_when='rank'`). The authors' code (github nobody910/AiFed, the repository
-behind IntelligentSystemsLab/AiFed, whose stored copy holds only its README; `AiFed/AiFed{IE,LN}_*.py`,
-identical in this part; read, not copied) computes rc (Eq. 8, first RDM row) for one layer, its first
-dense layer (the largest), for each of the m = K·c = 40 × 0.2 = 8 clients of a round, sorts the m values
-ascending, gives probability p_i = (i + 1)/m to position i, draws u ~ U[0, 1) per client and uploads that
-layer iff u >= p (the other layers always go; a withheld layer is replaced by the global one). As written
-it indexes p by the client's position in the round's random sample rather than by its place in the sort,
-which makes the decision independent of rc; the sort only makes sense as a rank, so it is read here as
-the rank rule: P(upload) = 1 − (j + 1)/m, j = 0 for the least consistent (most changed) client, which
-uploads with probability (m − 1)/m, up to j = m − 1, the most consistent, which never does. Either way
-a layer goes with probability (m − 1)/(2m) on average (7/16 at m = 8): the saving comes from the rule's
-rate, rc only choosing which clients send.
-The asynchronous adaptation (the code's round of m clients trained from one model does not exist here):
+The rank rule made asynchronous (the code ranks the m = 8 clients of a synchronous round, all trained from
+one model; here updates arrive one by one):
 - the group is a window: a client ranks its rc_l among the rc_l of the last W − 1 updates the server
   received (`rank_window` W, default 8 = the code's m), itself the W-th value; j = the number of window
   values strictly below rc_l (ties count in the client's favour: it uploads more readily);
@@ -48,26 +36,12 @@ The asynchronous adaptation (the code's round of m clients trained from one mode
   the jitted `almu_payload`, on what it was dispatched with (a job still depends only on its dispatch record);
 - until the server has received W − 1 reports there is no full group to rank in, and the client sends
   every layer (the run's first ~2 C updates);
-- u comes from the key fold_in(fold_in(key(seed, 'aifed/upload'), client), reports received at dispatch),
-  unique per update (a client is re-dispatched only after its own report arrived) and independent of
-  the stimuli's key;
+- u_l ~ U[0, 1) comes from the key fold_in(fold_in(key(seed, 'aifed/upload'), client), reports received at
+  dispatch), unique per update (a client is re-dispatched only after its own report arrived) and
+  independent of the stimuli's key; layer l goes iff u_l >= (j + 1)/W;
 - `rank_layers='all'` applies the rule to every layer, each with its own rank (the paper's per-layer F);
   `'largest'` to the largest layer only, the others always sent (the code's choice: its gated dense
   layer is the largest).
-What each reading gave (embedded job `configs/aifed.py:smoke,sim.virtual_days=0.25`: mnist_5k, aifed_cnn
-with PyTorch's init, 40 clients of 2-6 labels, 8 in flight, counter K = 5, lr 0.05, seed 0, ~640 updates;
-FedBuff with buffer_size 5 on the same setting; cost_a in MiB / acc_h / final accuracy / round_t at the
-job's 0.5 target, on its 500-image test split, one standard error ≈ 0.01 near 0.95):
-- FedBuff: 4,744 / 0.966 / 0.964 / 12;
-- `consistent`: 4,674 (−1.5%) / 0.962 / 0.952 / 14: rc_l >= AT almost always (Dense_0 went with 98% of
-  the updates), so little is saved;
-- `changed`: 230 (−95%) / 0.650 / 0.650 / 55: the convs were never sent and 44% of the updates were empty;
-  training stalls;
-- `rank` (W = 8, all layers): 1,940 (−59%) / 0.956 / 0.948 / 15: each layer went with ~43% of the updates
-  (15% sent nothing); ahead of FedBuff at equal cost_a (0.89 at 709 MiB; FedBuff 0.86 at 1,078);
-- `rank`, `rank_layers='largest'`: 2,569 (−46%) / 0.962 / 0.950 / 14 (Dense_0 with 44% of the updates).
-Only `rank` reproduces the paper's direction (57-62% less upload at about equal accuracy, Sec. V); its
-saving is the rule's rate, (W − 1)/(2W) by construction, rc only choosing who sends. One seed, one horizon.
 
 AGMA, the server (Sec. IV-B, Algorithm 1 part 2): received (partial) models wait in a queue; an
 aggregation (one round) happens when the queue holds `buffer_size` models (`trigger='counter'`) or at
@@ -95,15 +69,14 @@ Variants (`variant`; the paper's Sec. V-B/C ablations), with `lir` choosing IE o
 - `lis`: full uploads, β from n and LIS only;  `lir`: full uploads, β from n and LIR only (LIR-IE/LN).
 The data-size factor n_k / Σn of Eq. 15 stays in every variant (it is not what the paper ablates).
 
-Adaptations (the paper is silent or ambiguous; the authors' code, see papers/aifed_notes.md, consulted):
+Adaptations (where the paper is silent or ambiguous; where the authors' code decides, it is followed and
+said so):
 - Dissimilarity: cosine distance (the authors' code); the paper names none. Pairs are sampled among all
   valid stimulus pairs (the paper: "randomly sampling 50 pairs"), not the code's first RDM row.
 - Stimuli come from the client's own training data (a client holds only its own), so a client with
   k labels has up to k·S stimuli. They and the pairs are fixed per client for the run (key
   fold_in(seed key, client)), like the paper's stimuli "selected and marked in the training dataset".
 - rc_l is 0 when an RDA is constant or fewer than two valid pairs exist (no evidence of consistency).
-- The default upload rule is the paper's threshold (Eq. 8-9); the code's random rank-based rule is the
-  `rank` reading (above), adapted to asynchronous arrivals.
 - δ_acc = accuracy of the trained local model minus that of the received global model, by default on
   the client's stimuli (`accuracy_data='stimuli'`: the same forward passes that give the
   representations, so free), or on all its training data (`'local'`: two more passes over its data).
@@ -430,15 +403,12 @@ class AiFed(Strategy):
     # Eq. 9's coefficients (the paper gives no values): AT = sigmoid(α_r̂ r̂ + α_acc δ_acc). With 0 and 0,
     # AT = 0.5; α_r̂ > 0 raises the bar as rounds pass (fewer uploads late: AT ≈ 0.6 at round 100 and
     # ≈ 0.85 at the paper's round 400 when δ_acc = 0), α_acc < 0 lowers it for a client whose training
-    # gained accuracy (its news is worth sending). On the smoke run (aifed_cnn, mnist_5k) rc_l was ~1 for
-    # both convs, 0.5-0.95 for Dense_0, 0.3-0.9 for Dense_1 and 0-0.86 for the output layer.
+    # gained accuracy (its news is worth sending). The rc_l the smoke run saw: docs/methods.md.
     c.alpha_round = 0.005
     c.alpha_acc = -1.0
-    # Which layers a client uploads (F): consistent: iff rc_l >= AT (Eq. 8 as printed) | changed: iff rc_l < AT |
-    # rank: the authors' code's rule, with probability 1 − (j+1)/W, j the rank of rc_l among the last W reports
-    # (0 = least consistent; AT unused). See the module docstring for the figures each gave.
-    # F: rank (the authors' code: P(upload) by rc's rank among the last rank_window reports; the default, the
-    # reading that gives the paper's ~60% saving) | consistent (rc_l >= AT, Eq. 8 as printed) | changed (rc_l < AT)
+    # Which layers a client uploads (F): rank (the authors' code: with probability 1 − (j+1)/W, j the rank of
+    # rc_l among the last W reports, 0 = least consistent; AT unused; the reading that gives the paper's saving)
+    # | consistent (rc_l >= AT, Eqs. 8-9 as printed) | changed (rc_l < AT). docs/methods.md compares them.
     c.upload_when = "rank"
     c.rank_window = 8  # rank: W, the group rc_l is ranked in (the code's m = 8 clients of a round, 40 × 0.2)
     c.rank_layers = "all"  # rank: the layers it decides: all (each by its own rank) | largest (the code's; others sent)

@@ -1,4 +1,4 @@
-"""The one small interface every federated algorithm implements (DESIGN §4b).
+"""The one small interface every federated algorithm implements (docs/architecture.md, 'The strategy interface').
 
 A strategy owns the server state and the client-side extras of its method. It never sees the clock,
 the event heap or the dataset; the runner never looks inside its state. Everything it needs is built

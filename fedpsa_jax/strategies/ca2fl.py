@@ -17,13 +17,13 @@ a plain buffer (FedBuff).
 Adaptation choices (none changes the method's update):
 - Arrivals of one event time enter the buffer together, ordered by client id, so a round may hold
   more than K updates (as FedBuff and FedPSA here, after FLGo). A client whose update waits in an
-  unflushed buffer is not re-selected (DESIGN §3), so S never holds a client twice; were it to, both
+  unflushed buffer is not re-selected (docs/simulation.md), so S never holds a client twice; were it to, both
   arrivals are calibrated against the cache as it stands, which telescopes to the same D.
 - No staleness weighting: the paper's algorithm has none (the calibration is its answer to staleness).
 - Σ_i h_i is kept as a running sum (updated by Δ_i − h_i on each arrival) rather than re-summed over N
   caches per round; the caches themselves are kept per client (only for clients heard from) so that
   replacing one never copies the others.
-- Defaults of DESIGN §4: K = 5, η = 1.
+- Defaults (docs/methods.md, 'Defaults'): K = 5, η = 1.
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ Formulas (t = the asynchronous round, |C_k| = clients assigned to cluster k, τ_
   (`no_decay`: α_i = α_{c,k} = `fixed_alpha` = 0.3, the paper's basic decay coefficient of every
   asynchronous method, also in the trigger of Eq. 14).
 
-Adaptations and readings of the paper (casa.txt garbles its math; see papers/casa_notes.md):
+Adaptations and readings of the paper (its printed math is garbled or silent here; docs/methods.md names the
+readings that matter most):
 - log base: "to ensure α_i is strictly less than 1, |C_k| is actually set to |C_k| + 3". That holds
   with log base 2 (log2(|C_k| + 3) >= 2, so α_{c,k} <= α0·Ω/2 = Ω <= 1 with α0 = 2) and not with the
   natural log (2 / ln 4 = 1.44), so log2 is used; with 100 clients in one cluster it gives α = 0.30, the
@@ -43,10 +44,9 @@ Adaptations and readings of the paper (casa.txt garbles its math; see papers/cas
   of all newcomers.
 - Similarity vectors v: `similarity = 'update'` (default) uses the client's update Δ_i = w_i − w_start,
   `'weights'` the uploaded weights w_i as the paper writes. Models that share an initialisation have
-  weight cosines near 1 for every pair, so the largest eigengap stays after λ_1 (R = 1, no split): on
-  `configs/casa.py:smoke` the weight cosines lay in [0.945, 1] (mean 0.993) and CASA never split the
-  four planted groups, while with updates it found all four. Cosines of updates separate clients with
-  different data (the usual CFL choice, e.g. Sattler et al.).
+  weight cosines near 1 for every pair, so the largest eigengap stays after λ_1 (R = 1, no split; what the
+  smoke run measured is in docs/methods.md). Cosines of updates separate clients with different data (the
+  usual CFL choice, e.g. Sattler et al.).
   The cosine can be negative; the affinity graph of Eq. 12 uses max(A, 0) (a Laplacian needs
   non-negative weights), with A_ii = 1.
 - Alg. 3 runs on a cluster only once it has at least `num_eigenvalues` (10) seen members, so that "the
@@ -84,6 +84,7 @@ Adaptations and readings of the paper (casa.txt garbles its math; see papers/cas
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Sequence
 
@@ -279,6 +280,17 @@ class CASAState:
   events: tuple = ()  # per-arrival records of the last receive (host dicts)
 
 
+@dataclasses.dataclass(frozen=True)
+class Update:
+  """One received update as the steps of a round see it (host side)."""
+
+  client: int
+  weights: Params  # w_i = w_start + Δ_i, the uploaded weights
+  vector: np.ndarray  # v_i: Δ_i or w_i (`similarity`), raveled, host float32
+  clock: float  # the t of Ω(t): received updates so far, or the arrival's virtual time (`omega_clock`)
+  newcomer: bool  # the client's first update (not yet in any cluster's spectral clustering)
+
+
 @register("casa")
 class CASA(Strategy):
 
@@ -345,7 +357,11 @@ class CASA(Strategy):
             **state.last}
 
   def event_records(self, state: CASAState, arrivals: Sequence[Arrival]) -> list[dict[str, float]]:
-    return list(state.events) if len(state.events) == len(arrivals) else [{} for _ in arrivals]
+    """The records `receive` kept, one per arrival of that call (the runner asks right after it)."""
+    if len(state.events) != len(arrivals):
+      raise ValueError(f"CASA.event_records is for the {len(state.events)} arrivals of the last receive, "
+                       f"not {len(arrivals)}")
+    return list(state.events)
 
   # --- the server ----------------------------------------------------------------------------------
 
@@ -360,10 +376,8 @@ class CASA(Strategy):
     return om, a_c, client_alpha(a_c, staleness, staleness_threshold(size, om))
 
   def receive(self, state: CASAState, arrivals: Sequence[Arrival]) -> tuple[CASAState, bool]:
-    # Host arrays are copied once per call, so a state handed out earlier is never changed.
-    state = state.replace(assign=state.assign.copy(), seen=state.seen.copy(),
-                          similarity=state.similarity.copy(), computed=state.computed.copy(),
-                          last_alpha=state.last_alpha.copy(), vectors=dict(state.vectors))
+    """One asynchronous round per arrival (Alg. 1), in client order; each step copies the host arrays it
+    changes, so a state handed out earlier is never changed."""
     events = []
     for a in arrivals:
       state, record = self._receive_one(state, a)
@@ -371,48 +385,81 @@ class CASA(Strategy):
     return state.replace(events=tuple(events)), bool(arrivals)
 
   def _receive_one(self, state: CASAState, a: Arrival) -> tuple[CASAState, dict]:
-    h, i, t = self.hparams, a.client, state.t
+    """Alg. 1's round t for one update: newcomer assignment, C-phase, A-phase, buffer upkeep."""
+    update = self._update(state, a)
+    state = self._assign_newcomer(state, update)
+    state, clustering = self._c_phase(state, update)
+    state, decay = self._a_phase(state, update)
+    state = self._buffer(state, update)
+    record = {**decay, "newcomer": float(update.newcomer), **clustering}
+    return state.replace(last={k: float(v) for k, v in record.items()}), record
+
+  def _update(self, state: CASAState, a: Arrival) -> Update:
+    """What the steps need of an arrival: w_i, the similarity vector v_i, the clock of Ω, newcomer or not."""
     w_i = tree_add(a.params_start, a.delta)
-    v_i = np.asarray(jax.device_get(_ravel(a.delta if h.similarity == "update" else w_i)), np.float32)
-    own = [it for it in state.items if it["owner"] == i]
-    newcomer = not state.seen[i]
-    # Newcomer assignment (Eq. 15), from the buffered updates of already-assigned clients.
-    if newcomer and len(state.models) > 1 and not h.no_clustering:
-      k = newcomer_cluster(v_i, [(int(state.assign[it["source"]]), int(self.ctx.client_sizes[it["source"]]),
-                                  state.vectors[it["key"]]) for it in own if state.seen[it["source"]]])
+    v_i = np.asarray(jax.device_get(_ravel(a.delta if self.hparams.similarity == "update" else w_i)), np.float32)
+    clock = a.arrival_time if self.hparams.omega_clock == "time" else state.t
+    return Update(a.client, w_i, v_i, clock, newcomer=not state.seen[a.client])
+
+  def _assign_newcomer(self, state: CASAState, u: Update) -> CASAState:
+    """Eq. 15: a newcomer joins the cluster whose representative (of the updates in its buffer from clients
+    already seen) is most like v_i, when there is more than one cluster; the client is seen from now on."""
+    assign = state.assign
+    if u.newcomer and len(state.models) > 1 and not self.hparams.no_clustering:
+      k = newcomer_cluster(u.vector, [(int(state.assign[it["source"]]), int(self.ctx.client_sizes[it["source"]]),
+                                       state.vectors[it["key"]])
+                                      for it in state.items if it["owner"] == u.client and state.seen[it["source"]]])
       if k is not None:
-        state.assign[i] = k
-    state.seen[i] = True
-    # C-phase, Eq. 10: similarities with buf_i, then buf_i is cleared.
-    for it in own:
-      j = it["source"]
-      state.similarity[i, j] = state.similarity[j, i] = cosine(v_i, state.vectors[it["key"]])
-      state.computed[i, j] = state.computed[j, i] = True
-    items = [it for it in state.items if it["owner"] != i]
-    # Alg. 3 on the client's cluster.
-    now = a.arrival_time if h.omega_clock == "time" else t
+        assign = assign.copy()
+        assign[u.client] = k
+    seen = state.seen.copy()
+    seen[u.client] = True
+    return state.replace(assign=assign, seen=seen)
+
+  def _c_phase(self, state: CASAState, u: Update) -> tuple[CASAState, dict]:
+    """C-phase: A_ij = cos(v_i, v_j) for every item j of buf_i (Eq. 10), buf_i cleared, then Alg. 3 on the
+    client's cluster (which may split it); the clustering's record (eigengap, split) for events.jsonl."""
+    i = u.client
+    similarity, computed = state.similarity.copy(), state.computed.copy()
+    for it in state.items:
+      if it["owner"] == i:
+        j = it["source"]
+        similarity[i, j] = similarity[j, i] = cosine(u.vector, state.vectors[it["key"]])
+        computed[i, j] = computed[j, i] = True
+    state = state.replace(similarity=similarity, computed=computed,
+                          items=tuple(it for it in state.items if it["owner"] != i))
+    if self.hparams.no_clustering:
+      return state, {}
     k = int(state.assign[i])
-    models, record = state.models, {}
-    if not h.no_clustering:
-      _, a_c, _ = self.alphas(state, k, 0, now)
-      state, models, record = self._cluster(state, k, a_c)
+    _, a_c, _ = self.alphas(state, k, 0, u.clock)
+    return self._cluster(state, k, a_c)
+
+  def _a_phase(self, state: CASAState, u: Update) -> tuple[CASAState, dict]:
+    """A-phase: the bi-level decay α_i of the update (Eqs. 6-8) and the client's cluster model mixed with
+    w_i (Eq. 9, or Eq. 16 with CASA+'s sparsity of Eq. 17); the decay's record for events.jsonl."""
+    h, i, t = self.hparams, u.client, state.t
     k = int(state.assign[i])
-    # A-phase: bi-level decay (Eqs. 6-8) and the cluster model's update (Eq. 9, or Eq. 16 for CASA+).
     tau = max(t - int(state.start[i]), 0)
-    om, a_c, a_i = self.alphas(state, k, tau, now)
+    om, a_c, a_i = self.alphas(state, k, tau, u.clock)
     s_i = sparsity(h.sparsity_s0, a_c, a_i, t + 1, h.sparsity_rounds) if h.plus else 0.0
     if s_i > 0:
-      new_model = masked_mix(models[k], w_i, jnp.float32(a_i), jnp.float32(s_i))
+      new_model = masked_mix(state.models[k], u.weights, jnp.float32(a_i), jnp.float32(s_i))
     else:
-      new_model = mix(models[k], w_i, jnp.float32(a_i))
-    models = models[:k] + (new_model,) + models[k + 1:]
-    state.last_alpha[i] = a_i
-    # Alg. 2: insert v_i into the buffers of i's cluster mates and of newcomers, unless redundant, then
-    # keep the budget.
-    key = state.next_key
+      new_model = mix(state.models[k], u.weights, jnp.float32(a_i))
+    last_alpha = state.last_alpha.copy()
+    last_alpha[i] = a_i
+    state = state.replace(models=state.models[:k] + (new_model,) + state.models[k + 1:], last_alpha=last_alpha)
+    return state, {"cluster": k, "alpha": a_i, "cluster_alpha": a_c, "omega": om, "tau": tau, "sparsity": s_i}
+
+  def _buffer(self, state: CASAState, u: Update) -> CASAState:
+    """Alg. 2: v_i goes into the buffers of the client's cluster mates and of the newcomers, unless
+    redundant (recurring, or a large gap in start rounds), then the budget M is kept (Eq. 11); the round
+    counter t advances."""
+    h, i, t, key = self.hparams, u.client, state.t, state.next_key
+    items = list(state.items)
     holders = {it["owner"] for it in items if it["source"] == i}
-    targets = np.flatnonzero(((state.assign == k) | ~state.seen) & (np.arange(len(state.seen)) != i))
-    for j in targets:
+    mates = (state.assign == state.assign[i]) | ~state.seen
+    for j in np.flatnonzero(mates & (np.arange(len(state.seen)) != i)):
       if int(j) in holders or abs(int(state.start[j]) - int(state.start[i])) >= h.gap_rounds:
         continue  # recurring / large gap
       items.append({"owner": int(j), "source": i, "start": int(state.start[i]), "inserted": t, "key": key})
@@ -420,33 +467,29 @@ class CASA(Strategy):
     live = {it["key"] for it in items}
     vectors = {kk: v for kk, v in state.vectors.items() if kk in live}
     if key in live:
-      vectors[key] = v_i
-    record = {"cluster": k, "alpha": a_i, "cluster_alpha": a_c, "omega": om, "tau": tau, "sparsity": s_i,
-              "newcomer": float(newcomer), **record}
-    state = state.replace(models=models, items=tuple(items), vectors=vectors, t=t + 1, next_key=key + 1,
-                          last={kk: float(v) for kk, v in record.items()})
-    return state, record
+      vectors[key] = u.vector
+    return state.replace(items=tuple(items), vectors=vectors, t=t + 1, next_key=key + 1)
 
-  def _cluster(self, state: CASAState, k: int, alpha_c: float) -> tuple[CASAState, tuple, dict]:
+  def _cluster(self, state: CASAState, k: int, alpha_c: float) -> tuple[CASAState, dict]:
     """Alg. 3 on cluster k's seen members: split it into R clusters when Eq. 14 fires."""
     members = np.flatnonzero((state.assign == k) & state.seen)
     if len(members) < self.hparams.num_eigenvalues:  # (the first num_eigenvalues must exist)
-      return state, state.models, {}
+      return state, {}
     computed = state.computed[np.ix_(members, members)]
     share = (computed.sum() - len(members)) / (len(members) * (len(members) - 1))
     affinity = cluster_affinity(state.similarity[np.ix_(members, members)], computed)
     if affinity is None or share < self.hparams.min_computed:
-      return state, state.models, {}
+      return state, {}
     labels, r, gap = spectral_partition(affinity, self.hparams.num_eigenvalues, self.hparams.gamma, alpha_c,
                                         self.kmeans_seed)
     record = {"eigengap": gap, "eigengap_parts": r}
     if labels is None:
-      return state, state.models, record
+      return state, record
     # The largest part keeps index k (and the newcomers still in k); the others become new clusters.
     counts = np.bincount(labels, minlength=r)
     order = [int(p) for p in np.argsort(-counts, kind="stable")]
-    models = state.models
+    models, assign = state.models, state.assign.copy()
     for p in order[1:]:
-      state.assign[members[labels == p]] = len(models)
+      assign[members[labels == p]] = len(models)
       models = models + (state.models[k],)
-    return state.replace(splits=state.splits + 1), models, {**record, "split": 1.0}
+    return state.replace(models=models, assign=assign, splits=state.splits + 1), {**record, "split": 1.0}

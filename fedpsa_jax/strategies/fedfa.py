@@ -20,7 +20,7 @@ Adaptation choices:
   one round per event time with arrivals, so such a batch advances the round counter (and with it
   staleness and the lr decay) by one, not by its size — the same convention as FedAsync here.
 - The mean is unweighted (the paper's queue average), not by data size.
-- No staleness weighting and no client-side term. Default K = 5 (DESIGN §4, `fedfa.window_size`); K is at
+- No staleness weighting and no client-side term. Default K = 5 (docs/methods.md; `fedfa.window_size`); K is at
   most partition.num_clients (a larger window is refused).
 """
 

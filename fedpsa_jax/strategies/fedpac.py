@@ -34,7 +34,7 @@ Server, once the buffer holds updates from at least K clients (S the buffered cl
   personalised classifiers of all clients that have one.
 
 Adaptation choices (the paper is synchronous; FLGo's and the official code are the references):
-- Asynchrony: the synchronous cohort becomes the buffer of K arrivals (DESIGN §4), flushed like
+- Asynchrony: the synchronous cohort becomes the buffer of K arrivals (docs/methods.md, 'Defaults'), flushed like
   FedBuff's (arrivals of one event time enter together, so a flush may hold more than K); extractor
   deltas are applied to the current extractor rather than averaging models that started from
   different extractor versions. No staleness weighting (FedPAC has none).
@@ -55,7 +55,7 @@ Adaptation choices (the paper is synchronous; FLGo's and the official code are t
   nothing to do; the matrix is only symmetrised against rounding.
 - A client that never received a personalised classifier starts from the global one (the official code
   keeps the initial head, then fixes it by its classifier-only epoch, which is not run here).
-- Defaults of DESIGN §4: K = 5, λ = 1.0.
+- Defaults (docs/methods.md, 'Defaults'): K = 5, λ = 1.0.
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ def _personalise(heads: Params, has_head: jax.Array, trained: tuple, alphas: jax
                  client_sizes: jax.Array) -> tuple[Params, jax.Array, Params]:
   """Client i ∈ S gets Σ_j α_ij g_j; returns the new stacked heads, has_head and the global classifier
   (the data-size-weighted average over all clients holding a personalised classifier)."""
-  # `clients` holds no duplicate: a client whose update waits in the buffer is not re-dispatched (DESIGN §3).
+  # `clients` holds no duplicate: a client whose update waits in the buffer is not re-dispatched (docs/simulation.md).
   stacked = jax.tree.map(lambda *g: jnp.stack(g), *trained)
   combined = jax.tree.map(lambda g: jnp.tensordot(alphas.astype(g.dtype), g, axes=1), stacked)
   heads = jax.tree.map(lambda hs, c: hs.at[clients].set(c), heads, combined)
