@@ -405,7 +405,7 @@ class AiFed(Strategy):
     # ≈ 0.85 at the paper's round 400 when δ_acc = 0), α_acc < 0 lowers it for a client whose training
     # gained accuracy (its news is worth sending). The rc_l the smoke run saw: docs/methods.md.
     c.alpha_round = 0.005
-    c.alpha_acc = -1.0
+    c.alpha_acc = -1.0  # α_acc of the same (negative: a client that gained accuracy sends sooner)
     # Which layers a client uploads (F): rank (the authors' code: with probability 1 − (j+1)/W, j the rank of
     # rc_l among the last W reports, 0 = least consistent; AT unused; the reading that gives the paper's saving)
     # | consistent (rc_l >= AT, Eqs. 8-9 as printed) | changed (rc_l < AT). docs/methods.md compares them.
