@@ -117,7 +117,7 @@ import ml_collections  # noqa: E402  (after XLA_FLAGS is set)
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from fedpsa_jax import cli, errors, io, profiling
+from fedpsa_jax import cli, errors, io, profiling, signals
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import sweep as sweep_lib
 from fedpsa_jax.sim import runner
@@ -448,7 +448,7 @@ def main(argv: list[str]) -> int:
     return 2
   if ALLOCATOR_ENV in os.environ:
     logging.info("allocator: %s (preloaded)", os.environ[ALLOCATOR_ENV])
-  cli.handle_signals()  # SIGINT / SIGTERM: one line, status `interrupted`, exit 130 / 143
+  signals.handle_signals()  # SIGINT / SIGTERM: one line, status `interrupted`, exit 130 / 143
   return cli.exit_code_of(lambda: run_mode(_CONFIG.value, config_path))
 
 

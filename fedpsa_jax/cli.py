@@ -14,23 +14,18 @@ Exit codes (docs/runs.md, README):
 | 130 | SIGINT (Ctrl-C): the run stopped, status `interrupted`, resumable |
 | 143 | SIGTERM (what batch schedulers send): likewise |
 
-Signals: `handle_signals()` makes SIGINT and SIGTERM raise `errors.Interrupted` in the main thread, so the
-run unwinds (summary written with status `interrupted`, files closed, the workdir lock released).
-`deferred_signals()` holds a signal back while something that must not be cut (a checkpoint write)
-finishes, then delivers it: a signal is never lost, and never lands half-way through a checkpoint.
+Signals (SIGINT / SIGTERM stop a run cleanly: exit 130 / 143) are `fedpsa_jax.signals`.
 
-Standard library only (the recorder uses `deferred_signals`; launch.py imports this before JAX).
+Standard library only (launch.py imports this before JAX).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
-import threading
 import traceback
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from fedpsa_jax import errors
 
@@ -38,7 +33,6 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # a run that diverged or failed; a failed sweep member
 EXIT_BAD_INPUT = 2
 EXIT_CANNOT_WRITE = 3
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch.py")
 
@@ -127,49 +121,3 @@ def exit_code_of(run: Callable[[], int], *, stderr: Any = None) -> int:
   except errors.OutputWriteError as err:
     print(err, file=stderr)
     return EXIT_CANNOT_WRITE
-
-
-# --- signals -----------------------------------------------------------------------------------------
-
-
-def _raise_interrupted(signum: int, frame: Any) -> None:
-  del frame
-  raise errors.Interrupted(signum)
-
-
-def handle_signals() -> None:
-  """SIGINT and SIGTERM raise `errors.Interrupted` in the main thread from now on (main thread only)."""
-  for signum in SIGNALS:
-    signal.signal(signum, _raise_interrupted)
-
-
-@contextlib.contextmanager
-def deferred_signals(deliver: bool = True) -> Iterator[None]:
-  """Holds SIGINT and SIGTERM back inside the block and delivers the first one after it, through the
-  handler that was in place (ours raises `Interrupted`; Python's default SIGINT handler raises
-  KeyboardInterrupt; a default SIGTERM ends the process); `deliver=False` drops them instead (for the
-  cleanup of a run that is already stopping). Outside the main thread (where signals are never
-  delivered) the block simply runs."""
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
-  received: list[int] = []
-  previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
-  for signum in SIGNALS:
-    signal.signal(signum, lambda signum, frame: received.append(signum))
-  try:
-    yield
-  finally:
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
-    if received and deliver:
-      _deliver(received[0], previous[received[0]])
-
-
-def _deliver(signum: int, handler: Any) -> None:
-  """Delivers a held-back signal as its handler would have."""
-  if callable(handler):
-    handler(signum, None)
-  elif handler == signal.SIG_DFL:
-    signal.raise_signal(signum)  # the default action (SIGTERM: the process ends; SIGINT: KeyboardInterrupt)
-  # SIG_IGN (or None: a handler not set from Python): nothing to do

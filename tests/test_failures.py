@@ -31,7 +31,7 @@ import time
 
 import pytest
 
-from fedpsa_jax import api, cli, errors, io
+from fedpsa_jax import api, cli, errors, io, signals
 from fedpsa_jax import config as config_lib
 from fedpsa_jax.checkpoint import CheckpointStore
 from fedpsa_jax.data import sources
@@ -396,15 +396,15 @@ def test_a_signal_during_a_checkpoint_write_waits_for_the_write_then_stops(signu
 
 
 def test_a_signal_inside_deferred_signals_is_delivered_after_the_block():
-  cli.handle_signals()
+  signals.handle_signals()
   try:
     done = []
     with pytest.raises(errors.Interrupted) as stopped:
-      with cli.deferred_signals():
+      with signals.deferred_signals():
         signal.raise_signal(signal.SIGTERM)
         done.append("the block ran to its end")
     assert done and stopped.value.signum == signal.SIGTERM
-    with cli.deferred_signals(deliver=False):  # (dropped: the cleanup of a run already stopping)
+    with signals.deferred_signals(deliver=False):  # (dropped: the cleanup of a run already stopping)
       signal.raise_signal(signal.SIGINT)
   finally:
     signal.signal(signal.SIGINT, signal.default_int_handler)
