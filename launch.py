@@ -63,54 +63,6 @@ def _force_host_devices(argv: list[str], default: int = 2) -> int:
   return count
 
 
-# --allocator: the C allocator the run uses, chosen before anything else starts (it must be preloaded).
-# glibc's malloc keeps the XLA compiler's and the devices' freed blocks in its arenas, so a run's peak RSS
-# follows what it ever held; tcmalloc gives them back as it goes, at the same speed (measured on the default
-# job at 2 host devices, docs/performance.md, "Memory": FedBuff 681-701 MB instead of a median of 742, FLGo's
-# 734-742; FedPSA 824-837 MB instead of 855-1,001). `auto` uses tcmalloc when this machine has it (Debian/Ubuntu:
-# libtcmalloc-minimal4).
-ALLOCATORS = ("auto", "tcmalloc", "system")
-ALLOCATOR_ENV = "FEDPSA_JAX_ALLOCATOR"  # set in the process launch.py re-executes with the allocator preloaded
-TCMALLOC_ENV = "FEDPSA_JAX_TCMALLOC"  # the tcmalloc library to preload (a path); "" for none; unset: searched
-
-
-def find_tcmalloc(environ: dict) -> str | None:
-  """The tcmalloc library to preload: $FEDPSA_JAX_TCMALLOC when set, else the system's (Linux only)."""
-  if TCMALLOC_ENV in environ:
-    return environ[TCMALLOC_ENV] or None
-  if not sys.platform.startswith("linux"):
-    return None
-  import ctypes.util
-
-  return ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc")
-
-
-def allocator_environment(argv: list[str], environ: dict, library: str | None) -> dict | None:
-  """The environment to re-execute this process with, `library` preloaded, or None to go on as is: for
-  `--allocator=auto` (the default) or `tcmalloc` when `library` exists, unless already preloaded here."""
-  choice = "auto"
-  for arg in argv:
-    if arg.startswith("--allocator="):
-      choice = arg.split("=", 1)[1]
-  if choice not in ("auto", "tcmalloc") or library is None or ALLOCATOR_ENV in environ:
-    return None  # (a bad value: the flag's own error, once flags are parsed)
-  preload = environ.get("LD_PRELOAD", "")
-  if "tcmalloc" in preload:
-    return None  # the user preloaded it already
-  # (tcmalloc reports allocations over 1 GiB on stderr; a run's stderr is for its one error message)
-  return {"TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(2**60), **environ,
-          "LD_PRELOAD": f"{preload} {library}".strip(), ALLOCATOR_ENV: library}
-
-
-def _preload_allocator() -> None:
-  environ = allocator_environment(sys.argv, dict(os.environ), find_tcmalloc(os.environ))
-  if environ is not None:
-    # The same command (interpreter options included), same pid, with the allocator loaded first.
-    os.execve(sys.executable, getattr(sys, "orig_argv", [sys.executable, *sys.argv]), environ)
-
-
-if __name__ == "__main__":  # (not when imported, e.g. by a test: that would re-execute the importer)
-  _preload_allocator()
 _force_host_devices(sys.argv)
 
 import ml_collections  # noqa: E402  (after XLA_FLAGS is set)
@@ -148,10 +100,6 @@ flags.register_validator(
     message=f"more host devices than this machine can use; allowed: at most {max_host_devices()} (4 x this "
     f"machine's {os.cpu_count() or 1} cores: each host device trains one client at a time, so devices beyond the "
     "cores only wait, and XLA builds each of them at start)")
-_ALLOCATOR = flags.DEFINE_enum(
-    "allocator", "auto", ALLOCATORS, "the C allocator (preloaded: launch.py re-executes itself): tcmalloc keeps "
-    "peak memory ~8% lower at the same speed; auto: tcmalloc when this machine has it, else the system's "
-    "malloc; tcmalloc: an error if it is missing.")
 _PROFILE_TRACE = flags.DEFINE_bool("profile_trace", False, "profile: also write a jax.profiler trace.")
 _PROFILE_REPEATS = flags.DEFINE_integer("profile_repeats", 5, "profile: timed calls per piece (median).")
 _RESUME = flags.DEFINE_bool(
@@ -441,13 +389,6 @@ def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   config_path = config_flags.get_config_filename(flags.FLAGS["config"])
-  if _ALLOCATOR.value == "tcmalloc" and ALLOCATOR_ENV not in os.environ:
-    print("launch.py: --allocator=tcmalloc is invalid here: no tcmalloc library was found; allowed: auto or "
-          "system, or install tcmalloc (Debian/Ubuntu: apt-get install libtcmalloc-minimal4; or set "
-          f"{TCMALLOC_ENV}=/path/to/libtcmalloc_minimal.so)", file=sys.stderr)
-    return 2
-  if ALLOCATOR_ENV in os.environ:
-    logging.info("allocator: %s (preloaded)", os.environ[ALLOCATOR_ENV])
   signals.handle_signals()  # SIGINT / SIGTERM: one line, status `interrupted`, exit 130 / 143
   return cli.exit_code_of(lambda: run_mode(_CONFIG.value, config_path))
 
