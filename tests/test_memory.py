@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 from fedpsa_jax import memory
+from fedpsa_jax.cli import host_devices
 from fedpsa_jax.sim import runner
 from helpers import small_config
 
@@ -128,19 +129,9 @@ def test_orbax_is_imported_at_the_first_checkpoint_not_before(tmp_path):
   assert after.startswith("after_end True [") and after != "after_end True []"
 
 
-# --- launch.py --host_devices, and benchmarks/peak_memory.py --allocator ---------------------------------------
+# --- --host_devices (cli.host_devices), and benchmarks/peak_memory.py --allocator -----------------------------
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _launch_module() -> dict:
-  """launch.py's definitions before it acts (importing it would set XLA_FLAGS)."""
-  with open(os.path.join(_ROOT, "launch.py")) as f:
-    source = f.read()
-  head = source[:source.index("_force_host_devices(sys.argv)\n")]
-  namespace = {"__name__": "launch_head"}
-  exec(compile(head, "launch.py", "exec"), namespace)
-  return namespace
 
 
 def _peak_memory_benchmark():
@@ -168,7 +159,7 @@ def test_the_memory_benchmark_preloads_the_allocator_it_is_asked_for():
 def test_launch_makes_two_host_devices_by_default_and_what_it_is_told(monkeypatch):
   """Two host devices unless told otherwise (one per core of a 2-core machine: docs/performance.md, "Host
   devices"), and an XLA_FLAGS that already sets the count wins."""
-  force = _launch_module()["_force_host_devices"]
+  force = host_devices.force_host_devices
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX2")
   assert force(["launch.py"]) == 2
   assert os.environ["XLA_FLAGS"] == "--xla_cpu_max_isa=AVX2 --xla_force_host_platform_device_count=2"
@@ -179,3 +170,12 @@ def test_launch_makes_two_host_devices_by_default_and_what_it_is_told(monkeypatc
   assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=3"
   monkeypatch.delenv("XLA_FLAGS")
   assert force(["launch.py", "--host_devices=1"]) == 1 and "XLA_FLAGS" not in os.environ
+
+
+def test_what_launch_imports_before_setting_xla_flags_imports_no_jax():
+  """XLA reads XLA_FLAGS once, when JAX starts: the modules launch.py (and the simulator, for signals)
+  imports before it sets them must not start JAX."""
+  probe = ("import sys\nimport fedpsa_jax.cli.host_devices, fedpsa_jax.cli, fedpsa_jax.signals\n"
+           "print(sorted(m for m in ('jax', 'jaxlib', 'numpy', 'absl', 'ml_collections') if m in sys.modules))")
+  out = subprocess.run([sys.executable, "-c", probe], cwd=_ROOT, capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "[]", out.stdout + out.stderr

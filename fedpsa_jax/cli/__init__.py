@@ -1,7 +1,13 @@
 """What the command line promises its user: one line per failure, a distinct exit code, clean signals.
 
-`launch.py` runs every mode inside `exit_code_of` (one `except` path, not one per mode) and parses its flags
-with `parse_flags`; a notebook gets the same exception types (`fedpsa_jax.errors`) instead.
+`launch.py` parses its flags with `flag_parsing.parse_flags` and runs every mode (`modes`) inside
+`exit_code_of` (one `except` path, not one per mode); a notebook gets the same exception types
+(`fedpsa_jax.errors`) instead. The package's modules, each importable without side effects:
+
+- `host_devices`: the `--host_devices` count, set in XLA_FLAGS before JAX is imported (stdlib only);
+- `flag_parsing`: absl's flags parser that turns every bad flag or config file into one line;
+- `run_name`: run directory names, `<config>[-<arg>]-<YYYYmmdd-HHMMSS>`, and finding a run to resume;
+- `modes`: train, profile, sweep and report.
 
 Exit codes (docs/runs.md, README):
 
@@ -11,12 +17,10 @@ Exit codes (docs/runs.md, README):
 | 1 | a run diverged or failed, or a sweep member failed |
 | 2 | bad input, nothing done: a flag, a config file or value, the workdir, missing data, a checkpoint that must not or cannot be restored, a damaged output file |
 | 3 | an output could not be written (a full disk, a quota): the run stopped with its last checkpoint intact |
-| 130 | SIGINT (Ctrl-C): the run stopped, status `interrupted`, resumable |
+| 130 | SIGINT (Ctrl-C): the run stopped, status `interrupted`, resumable (`fedpsa_jax.signals`) |
 | 143 | SIGTERM (what batch schedulers send): likewise |
 
-Signals (SIGINT / SIGTERM stop a run cleanly: exit 130 / 143) are `fedpsa_jax.signals`.
-
-Standard library only (launch.py imports this before JAX).
+Standard library only: launch.py imports this before JAX.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # a run that diverged or failed; a failed sweep member
 EXIT_BAD_INPUT = 2
 EXIT_CANNOT_WRITE = 3
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch.py")
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # fedpsa_jax/
+_LAUNCH = os.path.join(os.path.dirname(_PACKAGE_DIR.rstrip(os.sep)), "launch.py")
 
 
 def exit_code_for_signal(signum: int) -> int:
