@@ -13,13 +13,17 @@ per method the median. Issue 19's goal: at most FLGo's ~0.73-0.74 GB on the FedB
 2-core CPU, FLGo 0.4.4, two torch threads). Peak RSS varies between runs of one config by ~±50 MB (when
 the host dispatches relative to the devices), so compare medians of several repeats.
 
-`--allocator` is launch.py's: `auto` (the default) measures tcmalloc where this machine has it, `system`
-glibc's malloc; glibc's tunables go in `--env`, e.g. the mapping threshold of docs/performance.md:
+`--allocator`: the C allocator of the runs, preloaded here into each child (`LD_PRELOAD`; launch.py itself
+leaves the allocator to whoever starts it, docs/performance.md "Memory"). `auto` (the default) measures
+tcmalloc where this machine has it (Debian/Ubuntu: libtcmalloc-minimal4), `tcmalloc` stops when it is
+missing, `system` measures glibc's malloc; glibc's tunables go in `--env`, e.g. the mapping threshold of
+docs/performance.md:
 `--allocator=system --env=GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4194304:glibc.malloc.hugetlb=1`.
 """
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import os
 import statistics
@@ -36,16 +40,43 @@ flags.DEFINE_list("methods", ["fedbuff", "fedpsa"], "methods to run")
 flags.DEFINE_integer("repeats", 2, "runs per method")
 flags.DEFINE_float("days", 0.08, "virtual days per run (the default job's budget)")
 flags.DEFINE_integer("host_devices", 2, "launch.py --host_devices")
-flags.DEFINE_enum("allocator", "auto", ["auto", "tcmalloc", "system"], "launch.py --allocator")
+flags.DEFINE_enum("allocator", "auto", ["auto", "tcmalloc", "system"],
+                  "the runs' C allocator: tcmalloc (preloaded), glibc's malloc (system), or tcmalloc when found (auto)")
 flags.DEFINE_list("overrides", [], "config fields for every run, as field=value (e.g. runtime.trim_heap=True)")
 flags.DEFINE_list("env", [], "extra KEY=VALUE environment variables for the runs (experiments)")
 FLAGS = flags.FLAGS
 
 
+def allocator_environment(choice: str, environ: dict[str, str], tcmalloc: str | None) -> dict[str, str]:
+  """`environ` for a child that runs with the allocator `choice`, `tcmalloc` the library found (None: none).
+
+  Preloading is the only way to swap the C allocator of a process that is already running Python, so it is
+  set in the child's environment: any tcmalloc in an inherited LD_PRELOAD is dropped first, so that `system`
+  measures glibc's malloc whatever the shell preloads."""
+  preload = [lib for lib in environ.get("LD_PRELOAD", "").split() if "tcmalloc" not in os.path.basename(lib)]
+  if choice == "tcmalloc" and tcmalloc is None:
+    raise SystemExit("--allocator=tcmalloc: no tcmalloc library found (Debian/Ubuntu: apt-get install "
+                     "libtcmalloc-minimal4); allowed: auto or system")
+  env = {k: v for k, v in environ.items() if k != "LD_PRELOAD"}
+  if choice in ("auto", "tcmalloc") and tcmalloc is not None:
+    preload.append(tcmalloc)
+    # (tcmalloc reports each allocation over 1 GiB on stderr; a run's stderr is for its errors)
+    env.setdefault("TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", str(2**60))
+  if preload:
+    env["LD_PRELOAD"] = " ".join(preload)
+  return env
+
+
+def find_tcmalloc() -> str | None:
+  """The system's tcmalloc library (a name the dynamic loader resolves), or None."""
+  return ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc")
+
+
 def run_once(method: str, workdir: str) -> dict:
   env = dict(os.environ, **dict(kv.split("=", 1) for kv in FLAGS.env))
+  env = allocator_environment(FLAGS.allocator, env, find_tcmalloc())
   command = [sys.executable, os.path.join(ROOT, "launch.py"), "--config=" + os.path.join(ROOT, "configs/default.py"),
-             f"--host_devices={FLAGS.host_devices}", f"--allocator={FLAGS.allocator}", f"--config.method={method}",
+             f"--host_devices={FLAGS.host_devices}", f"--config.method={method}",
              "--config.runtime.progress=False",
              f"--config.sim.virtual_days={FLAGS.days}", f"--workdir={workdir}"] + [
                  f"--config.{field}" for field in FLAGS.overrides]
@@ -70,6 +101,8 @@ def run_once(method: str, workdir: str) -> dict:
 
 def main(argv):
   del argv
+  preload = allocator_environment(FLAGS.allocator, dict(os.environ), find_tcmalloc()).get("LD_PRELOAD")
+  print(f"allocator: {preload or 'glibc malloc'}")
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     for repeat in range(FLAGS.repeats):

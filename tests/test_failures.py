@@ -31,9 +31,10 @@ import time
 
 import pytest
 
-from fedpsa_jax import api, cli, errors, io
+from fedpsa_jax import api, cli, errors, io, signals
 from fedpsa_jax import config as config_lib
 from fedpsa_jax.checkpoint import CheckpointStore
+from fedpsa_jax.cli import modes
 from fedpsa_jax.data import sources
 from fedpsa_jax.sim import runner
 from helpers import small_config
@@ -246,27 +247,6 @@ def test_the_notebook_api_refuses_them_with_a_config_error(fields, expected, tmp
   assert not os.path.exists(workdir)
 
 
-@pytest.mark.slow
-def test_a_boolean_for_a_number_is_refused_even_by_a_flag_parser_that_converts_it(tmp_path):
-  """ConfigDict stores True as 1.0 in a float field; if ml_collections' flag parser ever converted the word
-  (today it refuses it), launch.py's own check of the raw arguments still refuses the run."""
-  converting = ("import runpy, sys\n"
-                "from absl import flags\n"
-                "from ml_collections.config_flags import config_flags\n"
-                "class Converting(flags.FloatParser):\n"
-                "  def parse(self, argument):\n"
-                "    return 1.0 if str(argument).lower() == 'true' else super().parse(argument)\n"
-                "config_flags._FIELD_TYPE_TO_PARSER[float] = Converting()\n"
-                "sys.argv[0] = 'launch.py'\n"
-                "runpy.run_path('launch.py', run_name='__main__')\n")
-  proc = subprocess.run([sys.executable, "-c", converting, "--config.runtime.progress=False",
-                         "--config.sim.virtual_days=True", f"--workdir={tmp_path / 'run'}"], cwd=ROOT,
-                        capture_output=True, text=True, timeout=240, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-  assert_one_message(proc, ["--config.sim.virtual_days=True: config field sim.virtual_days=True is invalid "
-                            "(a boolean for a number); allowed: a value of type float, like its default 0.08"])
-  assert not os.path.exists(tmp_path / "run")
-
-
 # --- 7. a busy workdir is refused at once ---------------------------------------------------------------------
 
 
@@ -396,15 +376,15 @@ def test_a_signal_during_a_checkpoint_write_waits_for_the_write_then_stops(signu
 
 
 def test_a_signal_inside_deferred_signals_is_delivered_after_the_block():
-  cli.handle_signals()
+  signals.handle_signals()
   try:
     done = []
     with pytest.raises(errors.Interrupted) as stopped:
-      with cli.deferred_signals():
+      with signals.deferred_signals():
         signal.raise_signal(signal.SIGTERM)
         done.append("the block ran to its end")
     assert done and stopped.value.signum == signal.SIGTERM
-    with cli.deferred_signals(deliver=False):  # (dropped: the cleanup of a run already stopping)
+    with signals.deferred_signals(deliver=False):  # (dropped: the cleanup of a run already stopping)
       signal.raise_signal(signal.SIGINT)
   finally:
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -448,10 +428,9 @@ def full_after(monkeypatch, cls, method: str, calls: int, error=None, only=None)
 
 
 def run_as_launch(config, workdir) -> tuple[int, list[str]]:
-  """What launch.py's main does with a run: its exit code and the lines it printed on stderr."""
+  """What launch.py's train mode does with a run: its exit code and the lines it printed on stderr."""
   stderr = std_io.StringIO()
-  code = cli.exit_code_of(lambda: 0 if runner.Simulation(config, workdir).run()["status"] == "completed" else 1,
-                          stderr=stderr)
+  code = cli.exit_code_of(lambda: modes.train(config, workdir, resume=False), stderr=stderr)
   return code, stderr.getvalue().splitlines()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 from fedpsa_jax import memory
+from fedpsa_jax.cli import host_devices
 from fedpsa_jax.sim import runner
 from helpers import small_config
 
@@ -122,42 +124,37 @@ def test_orbax_is_imported_at_the_first_checkpoint_not_before(tmp_path):
   assert after.startswith("after_end True [") and after != "after_end True []"
 
 
-# --- launch.py --allocator --------------------------------------------------------------------------------
+# --- --host_devices (cli.host_devices), and benchmarks/peak_memory.py --allocator -----------------------------
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _launch_module() -> dict:
-  """launch.py's definitions before it acts (importing it would set XLA_FLAGS and could re-execute)."""
-  with open(os.path.join(_ROOT, "launch.py")) as f:
-    source = f.read()
-  head = source[:source.index("if __name__ == \"__main__\":  # (not when imported")]
-  namespace = {"__name__": "launch_head"}
-  exec(compile(head, "launch.py", "exec"), namespace)
-  return namespace
+def _peak_memory_benchmark():
+  spec = importlib.util.spec_from_file_location("peak_memory_benchmark", os.path.join(_ROOT, "benchmarks",
+                                                                                       "peak_memory.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
-def test_allocator_environment_preloads_tcmalloc_once_and_only_when_asked_and_found():
-  launch = _launch_module()
-  plan = launch["allocator_environment"]
-  marker = launch["ALLOCATOR_ENV"]
-  env = plan(["launch.py"], {"PATH": "/bin"}, "libtcmalloc_minimal.so.4")  # auto (the default), found
-  assert env["LD_PRELOAD"] == "libtcmalloc_minimal.so.4" and env[marker] == "libtcmalloc_minimal.so.4"
-  assert env["PATH"] == "/bin" and int(env["TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD"]) >= 2**40
-  assert plan(["launch.py", "--allocator=tcmalloc"], {"LD_PRELOAD": "/x/a.so"}, "/y/t.so")["LD_PRELOAD"] == \
-      "/x/a.so /y/t.so"  # (what the user preloads stays)
-  assert plan(["launch.py"], {}, None) is None  # not found: the system's malloc
-  assert plan(["launch.py", "--allocator=system"], {}, "t.so") is None
-  assert plan(["launch.py"], {marker: "t.so"}, "t.so") is None  # already re-executed: never twice
-  assert plan(["launch.py"], {"LD_PRELOAD": "/opt/libtcmalloc.so"}, "t.so") is None  # preloaded by the user
-  assert plan(["launch.py", "--allocator=bogus"], {}, "t.so") is None  # (absl's own error follows)
-
+def test_the_memory_benchmark_preloads_the_allocator_it_is_asked_for():
+  """launch.py leaves the allocator to whoever starts it; the benchmark preloads it into its runs."""
+  plan = _peak_memory_benchmark().allocator_environment
+  env = plan("auto", {"PATH": "/bin"}, "libtcmalloc_minimal.so.4")  # found
+  assert env["LD_PRELOAD"] == "libtcmalloc_minimal.so.4" and env["PATH"] == "/bin"
+  assert int(env["TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD"]) >= 2**40
+  assert plan("tcmalloc", {"LD_PRELOAD": "/x/a.so"}, "/y/t.so")["LD_PRELOAD"] == "/x/a.so /y/t.so"  # (kept)
+  assert "LD_PRELOAD" not in plan("auto", {}, None)  # not found: glibc's malloc
+  assert plan("system", {"LD_PRELOAD": "/x/a.so /opt/libtcmalloc.so"}, "t.so")["LD_PRELOAD"] == "/x/a.so"
+  assert plan("auto", {"LD_PRELOAD": "/opt/libtcmalloc.so"}, "/y/t.so")["LD_PRELOAD"] == "/y/t.so"  # (once)
+  with pytest.raises(SystemExit, match="libtcmalloc-minimal4"):
+    plan("tcmalloc", {}, None)
 
 
 def test_launch_makes_two_host_devices_by_default_and_what_it_is_told(monkeypatch):
   """Two host devices unless told otherwise (one per core of a 2-core machine: docs/performance.md, "Host
   devices"), and an XLA_FLAGS that already sets the count wins."""
-  force = _launch_module()["_force_host_devices"]
+  force = host_devices.force_host_devices
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX2")
   assert force(["launch.py"]) == 2
   assert os.environ["XLA_FLAGS"] == "--xla_cpu_max_isa=AVX2 --xla_force_host_platform_device_count=2"
@@ -169,30 +166,11 @@ def test_launch_makes_two_host_devices_by_default_and_what_it_is_told(monkeypatc
   monkeypatch.delenv("XLA_FLAGS")
   assert force(["launch.py", "--host_devices=1"]) == 1 and "XLA_FLAGS" not in os.environ
 
-def _launch(args: list[str], tcmalloc: str) -> subprocess.CompletedProcess:
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "FEDPSA_JAX_TCMALLOC": tcmalloc}
-  env.pop("FEDPSA_JAX_ALLOCATOR", None)
-  return subprocess.run([sys.executable, "launch.py", "--config.runtime.progress=False", *args], cwd=_ROOT,
-                        capture_output=True, text=True, timeout=240, env=env)
 
-
-def test_launch_reexecutes_itself_with_the_library_preloaded(tmp_path):
-  # Any library shows the mechanism (libm: on every glibc system, harmless to preload). A bad config ends
-  # the run right after the allocator is reported, with the config's own error.
-  import ctypes.util
-
-  libm = ctypes.util.find_library("m")
-  if libm is None:
-    pytest.skip("no libm to preload (not a glibc system)")
-  proc = _launch([f"--workdir={tmp_path / 'run'}", "--config.seed=-1"], tcmalloc=libm)
-  assert proc.returncode == 2, proc.stderr
-  assert f"allocator: {libm} (preloaded)" in proc.stderr
-  assert "seed" in proc.stderr
-
-
-def test_allocator_tcmalloc_without_the_library_is_one_message_and_exit_2(tmp_path):
-  proc = _launch(["--allocator=tcmalloc", f"--workdir={tmp_path / 'run'}"], tcmalloc="")
-  assert proc.returncode == 2
-  lines = [line for line in proc.stderr.splitlines() if line.startswith("launch.py:")]
-  assert len(lines) == 1 and "--allocator=tcmalloc" in lines[0] and "libtcmalloc-minimal4" in lines[0]
-  assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+def test_what_launch_imports_before_setting_xla_flags_imports_no_jax():
+  """XLA reads XLA_FLAGS once, when JAX starts: the modules launch.py (and the simulator, for signals)
+  imports before it sets them must not start JAX."""
+  probe = ("import sys\nimport fedpsa_jax.cli.host_devices, fedpsa_jax.cli, fedpsa_jax.signals\n"
+           "print(sorted(m for m in ('jax', 'jaxlib', 'numpy', 'absl', 'ml_collections') if m in sys.modules))")
+  out = subprocess.run([sys.executable, "-c", probe], cwd=_ROOT, capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -3,7 +3,7 @@
 Every config carries every strategy's section, so before this a field added to CASA's section made every
 FedPSA workdir refuse to resume and every finished sweep member train again. Here, for each of the four
 places that ask "is this the same run?" (io.check_workdir, the runner's checkpoint check, sweep.is_done,
-launch.resumable_workdir):
+cli.run_name.resumable_workdir):
 - a run written when another method's section had one field fewer (and one unknown field more) is
   still the same run: it resumes, counts as done, is found by --resume;
 - a change to a field the run uses (the method's own `fedpsa.gamma`, the shared `local.lr`) still makes
@@ -13,7 +13,7 @@ launch.resumable_workdir):
 from __future__ import annotations
 
 import copy
-import importlib
+import datetime
 import json
 import os
 import subprocess
@@ -24,6 +24,8 @@ import pytest
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, paper, run_identity, strategies, sweep
+from fedpsa_jax.cli import run_name
+from fedpsa_jax.cli.run_name import RunName
 from fedpsa_jax.sim import runner
 from helpers import small_config
 
@@ -176,17 +178,33 @@ def test_finished_sweep_member_of_an_older_config_shape_is_done(tmp_path):
   assert sweep.is_done(io.config_json(sweep.expand(other_method)[0].config), run_dir)
 
 
-# --- launch.resumable_workdir ---------------------------------------------------------------------------
+# --- run directory names and --resume (cli.run_name) --------------------------------------------------------
+
+STAMP = datetime.datetime(2024, 1, 2, 3, 4, 5)
 
 
-@pytest.fixture
-def launch(monkeypatch):
-  """launch.py as a module. Importing it sets XLA_FLAGS for its host devices; this process keeps its own."""
-  flags = os.environ.get("XLA_FLAGS", "")
-  if "xla_force_host_platform_device_count" not in flags:
-    monkeypatch.setenv("XLA_FLAGS", f"{flags} --xla_force_host_platform_device_count=1".strip())
-  monkeypatch.syspath_prepend(ROOT)
-  return importlib.import_module("launch")
+@pytest.mark.parametrize("config_path,name", [
+    ("configs/default.py", "default-20240102-030405"),
+    ("configs/paper/table1.py:smoke,seeds=3", "table1-smoke_seeds-3-20240102-030405"),
+    ("configs/my-job.py:method=fed-buff", "my-job-method-fed-buff-20240102-030405"),  # dashes in both parts
+])
+def test_a_run_name_is_formatted_and_parsed_back(config_path, name):
+  formatted = RunName.of(config_path, STAMP)
+  assert formatted.format() == name
+  assert RunName.parse(name) == formatted
+  assert RunName.parse(RunName.parse(name).format()) == formatted
+
+
+def test_a_directory_that_is_not_a_run_name_parses_to_none():
+  for name in ("default", "default-20240102", "20240102-030405", "default-20240102-030405-profile",
+               "default-20241302-030405", "default-2024010-0304050", "table1-smoke"):
+    assert RunName.parse(name) is None, name
+
+
+def test_sweep_and_default_workdirs_share_the_stem():
+  assert run_name.sweep_workdir("configs/paper/table1.py:smoke") == os.path.join("runs", "table1-smoke")
+  made = RunName.parse(os.path.basename(run_name.default_workdir("configs/paper/table1.py:smoke")))
+  assert made.stem == "table1-smoke" and made.stamp is not None
 
 
 def _write_run(path, config_json: dict) -> None:
@@ -195,12 +213,17 @@ def _write_run(path, config_json: dict) -> None:
     json.dump(config_json, f)
 
 
-def test_resume_finds_the_run_across_another_methods_section(launch, tmp_path, monkeypatch):
+def test_resume_finds_the_run_across_another_methods_section(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   current = _current()
   _write_run("runs/default-20240101-000000", io.config_json(_older(current)))
   _write_run("runs/default-20240102-000000", io.config_json(_changed(current, {"local.lr": 0.02})))  # newer
   _write_run("runs/other-20240103-000000", io.config_json(current))  # another config file's run
-  assert launch.resumable_workdir("configs/default.py", current) == os.path.join("runs", "default-20240101-000000")
-  with pytest.raises(config_lib.ConfigError, match="--resume found no run of this config"):
-    launch.resumable_workdir("configs/default.py", _changed(current, {"fedpsa.gamma": 2.0}))
+  _write_run("runs/default-smoke-20240104-000000", io.config_json(current))  # the same file with an arg
+  _write_run("runs/default-20240105-000000-profile", io.config_json(current))  # not a run name
+  found = run_name.resumable_workdir("configs/default.py", current)
+  assert found == os.path.join("runs", "default-20240101-000000")
+  assert run_name.resumable_workdir("configs/default.py:smoke", current) == os.path.join(
+      "runs", "default-smoke-20240104-000000")
+  with pytest.raises(config_lib.ConfigError, match="--resume found no run of this config under runs/default-"):
+    run_name.resumable_workdir("configs/default.py", _changed(current, {"fedpsa.gamma": 2.0}))

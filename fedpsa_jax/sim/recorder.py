@@ -11,7 +11,7 @@ positions the files no longer reach (metrics.jsonl cut or deleted) is set aside 
 fits is used; with none, the run starts over, with a warning.
 
 Failures: an OSError while writing an output (a full disk) becomes `errors.OutputWriteError` naming the
-file; a checkpoint write is never cut by SIGINT/SIGTERM (`cli.deferred_signals`: the signal is delivered
+file; a checkpoint write is never cut by SIGINT/SIGTERM (`signals.deferred_signals`: the signal is delivered
 once the checkpoint is complete).
 """
 
@@ -27,7 +27,7 @@ import ml_collections
 import tqdm.auto as tqdm
 
 from fedpsa_jax import checkpoint as checkpoint_lib
-from fedpsa_jax import cli, errors, io
+from fedpsa_jax import errors, io, signals
 
 
 class Recorder:
@@ -155,7 +155,7 @@ class Recorder:
   def save_checkpoint(self, step: int, snapshot: dict[str, Any]) -> None:
     """Writes checkpoint `step`. A SIGINT/SIGTERM meanwhile is held back until it is complete (then
     delivered: the run stops with this checkpoint as its newest); a full disk is an OutputWriteError."""
-    with cli.deferred_signals():
+    with signals.deferred_signals():
       try:
         self.checkpoints.save(step, snapshot, io.config_json(self.config))
       except Exception as err:

@@ -39,7 +39,7 @@ import numpy as np
 
 from fedpsa_jax import checkpoint as checkpoint_lib
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import cli, errors, io, memory, metrics, run_identity, strategies
+from fedpsa_jax import errors, io, memory, metrics, run_identity, signals, strategies
 from fedpsa_jax.compiles import CompileCounter
 from fedpsa_jax.sim.build import build_data, build_run
 from fedpsa_jax.sim.executor import Job
@@ -321,7 +321,7 @@ class Simulation:
     except BaseException as err:
       # A second Ctrl-C while stopping is dropped: this is already stopping, and a half-written summary
       # (or a traceback from inside this cleanup) would help no one.
-      with cli.deferred_signals(deliver=False):
+      with signals.deferred_signals(deliver=False):
         self._stopped(err)
       raise
 

@@ -1,7 +1,13 @@
 """What the command line promises its user: one line per failure, a distinct exit code, clean signals.
 
-`launch.py` runs every mode inside `exit_code_of` (one `except` path, not one per mode) and parses its flags
-with `parse_flags`; a notebook gets the same exception types (`fedpsa_jax.errors`) instead.
+`launch.py` parses its flags with `flag_parsing.parse_flags` and runs every mode (`modes`) inside
+`exit_code_of` (one `except` path, not one per mode); a notebook gets the same exception types
+(`fedpsa_jax.errors`) instead. The package's modules, each importable without side effects:
+
+- `host_devices`: the `--host_devices` count, set in XLA_FLAGS before JAX is imported (stdlib only);
+- `flag_parsing`: absl's flags parser that turns every bad flag or config file into one line;
+- `run_name`: run directory names, `<config>[-<arg>]-<YYYYmmdd-HHMMSS>`, and finding a run to resume;
+- `modes`: train, profile, sweep and report.
 
 Exit codes (docs/runs.md, README):
 
@@ -11,26 +17,19 @@ Exit codes (docs/runs.md, README):
 | 1 | a run diverged or failed, or a sweep member failed |
 | 2 | bad input, nothing done: a flag, a config file or value, the workdir, missing data, a checkpoint that must not or cannot be restored, a damaged output file |
 | 3 | an output could not be written (a full disk, a quota): the run stopped with its last checkpoint intact |
-| 130 | SIGINT (Ctrl-C): the run stopped, status `interrupted`, resumable |
+| 130 | SIGINT (Ctrl-C): the run stopped, status `interrupted`, resumable (`fedpsa_jax.signals`) |
 | 143 | SIGTERM (what batch schedulers send): likewise |
 
-Signals: `handle_signals()` makes SIGINT and SIGTERM raise `errors.Interrupted` in the main thread, so the
-run unwinds (summary written with status `interrupted`, files closed, the workdir lock released).
-`deferred_signals()` holds a signal back while something that must not be cut (a checkpoint write)
-finishes, then delivers it: a signal is never lost, and never lands half-way through a checkpoint.
-
-Standard library only (the recorder uses `deferred_signals`; launch.py imports this before JAX).
+Standard library only: launch.py imports this before JAX.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
-import threading
 import traceback
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from fedpsa_jax import errors
 
@@ -38,9 +37,8 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # a run that diverged or failed; a failed sweep member
 EXIT_BAD_INPUT = 2
 EXIT_CANNOT_WRITE = 3
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch.py")
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # fedpsa_jax/
+_LAUNCH = os.path.join(os.path.dirname(_PACKAGE_DIR.rstrip(os.sep)), "launch.py")
 
 
 def exit_code_for_signal(signum: int) -> int:
@@ -127,49 +125,3 @@ def exit_code_of(run: Callable[[], int], *, stderr: Any = None) -> int:
   except errors.OutputWriteError as err:
     print(err, file=stderr)
     return EXIT_CANNOT_WRITE
-
-
-# --- signals -----------------------------------------------------------------------------------------
-
-
-def _raise_interrupted(signum: int, frame: Any) -> None:
-  del frame
-  raise errors.Interrupted(signum)
-
-
-def handle_signals() -> None:
-  """SIGINT and SIGTERM raise `errors.Interrupted` in the main thread from now on (main thread only)."""
-  for signum in SIGNALS:
-    signal.signal(signum, _raise_interrupted)
-
-
-@contextlib.contextmanager
-def deferred_signals(deliver: bool = True) -> Iterator[None]:
-  """Holds SIGINT and SIGTERM back inside the block and delivers the first one after it, through the
-  handler that was in place (ours raises `Interrupted`; Python's default SIGINT handler raises
-  KeyboardInterrupt; a default SIGTERM ends the process); `deliver=False` drops them instead (for the
-  cleanup of a run that is already stopping). Outside the main thread (where signals are never
-  delivered) the block simply runs."""
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
-  received: list[int] = []
-  previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
-  for signum in SIGNALS:
-    signal.signal(signum, lambda signum, frame: received.append(signum))
-  try:
-    yield
-  finally:
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
-    if received and deliver:
-      _deliver(received[0], previous[received[0]])
-
-
-def _deliver(signum: int, handler: Any) -> None:
-  """Delivers a held-back signal as its handler would have."""
-  if callable(handler):
-    handler(signum, None)
-  elif handler == signal.SIG_DFL:
-    signal.raise_signal(signum)  # the default action (SIGTERM: the process ends; SIGINT: KeyboardInterrupt)
-  # SIG_IGN (or None: a handler not set from Python): nothing to do

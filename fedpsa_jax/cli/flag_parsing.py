@@ -1,0 +1,156 @@
+"""`parse_flags`, absl's `flags_parser` for launch.py: every bad flag or config file ends in one line, exit 2.
+
+absl's own parser prints usage and exits 1 on a flags.Error and lets anything else through with a traceback;
+ml_collections re-raises what a config file raised with the traceback as its message, and reports a
+`--config.<field>` the config does not have as an AttributeError. Everything raised while the flags are
+parsed is the user's input (a flag, a config file, an `:arg`, a field), so each ends in its innermost
+message, naming the flag and what is allowed.
+
+The flags themselves are launch.py's; this reads the config flag (`--config`, an ml_collections config
+file flag) from absl's registry.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import ml_collections
+from absl import flags
+
+from fedpsa_jax import cli, errors
+from fedpsa_jax import config as config_lib
+from fedpsa_jax.validation import MISSING, get_field
+
+DEFAULT_CONFIG = "configs/default.py"
+_PAPER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs",
+                          "paper")
+
+
+def _config_spec(argv: list[str]) -> str | None:
+  """The value of the last `--config=...` / `--config ...` in argv (None when absent)."""
+  spec = None
+  for i, arg in enumerate(argv):
+    if arg.startswith(("--config=", "-config=")):
+      spec = arg.split("=", 1)[1]
+    elif arg in ("--config", "-config") and i + 1 < len(argv):
+      spec = argv[i + 1]
+  return spec
+
+
+def _without_config(args: list[str]) -> list[str]:
+  """`args` without `--config=...` / `--config ...` (`_config_spec` has its value)."""
+  out, skip = [], False
+  for arg in args:
+    if skip:
+      skip = False
+    elif arg in ("--config", "-config"):
+      skip = True
+    elif not arg.startswith(("--config=", "-config=")):
+      out.append(arg)
+  return out
+
+
+def _overrides(argv: list[str]) -> list[tuple[str, str]]:
+  """(dotted field, the argument as given) of every `--config.<field>=value` in argv, in order."""
+  out = []
+  for arg in argv:
+    name = arg.lstrip("-").split("=", 1)[0]
+    for prefix in ("config.", "noconfig."):  # (`--noconfig.flag` sets a boolean field to False)
+      if arg.startswith("-") and name.startswith(prefix):
+        out.append((name[len(prefix):].split("[", 1)[0], arg))
+  return out
+
+
+def _fresh_config(spec: str) -> object:
+  """What the config file's get_config returns, without the overrides (MISSING when it cannot be loaded).
+  Loads the file once more, so only on an error path."""
+  try:
+    return flags.FLAGS["config"].parser.parse(spec)
+  except Exception:  # (the file itself fails: its own message is the better one)
+    return MISSING
+
+
+def _unknown_override(argv: list[str], spec: str) -> str | None:
+  """The message for the first `--config.<field>` override that names no field of the config, if any.
+
+  ml_collections reports such a field (the config is locked) as a bare AttributeError deep in its flag
+  parser; this names the flag and the nearest field, as `config.set_fields` does for the notebook API."""
+  overrides = _overrides(argv)
+  config = _fresh_config(spec) if overrides else MISSING
+  if config is MISSING:
+    return None
+  if not isinstance(config, ml_collections.ConfigDict):
+    return _not_a_config(spec, config)
+  for field, arg in overrides:
+    if get_field(config, field) is MISSING:
+      return f"{arg}: {config_lib.unknown_field(config, field)}"
+  return None
+
+
+def _allowed_type(field: str, spec: str) -> str:
+  """'; allowed: a value of type float, like its default 10.0' for a field of the config file (as
+  `config.set_fields` says for the notebook API), or '' when the file cannot tell."""
+  config = _fresh_config(spec)
+  default = get_field(config, field) if isinstance(config, ml_collections.ConfigDict) else MISSING
+  if default is MISSING or default is None:
+    return ""
+  return f"; allowed: a value of type {type(default).__name__}, like its default {default!r}"
+
+
+def _not_a_config(spec: str, config: object) -> str:
+  return (f"--config={spec}: get_config() returned {type(config).__name__}; allowed: a config file whose "
+          "get_config(arg) returns a ConfigDict")
+
+
+def _paper_configs() -> list[str]:
+  if not os.path.isdir(_PAPER_DIR):
+    return []
+  return sorted(f for f in os.listdir(_PAPER_DIR) if f.startswith(("table", "fig")) and f.endswith(".py"))
+
+
+def _flags_error_message(err: BaseException, argv: list[str], spec: str) -> str:
+  """One line for an error raised while the flags and the config file were parsed (see `parse_flags`)."""
+  chain = cli.exception_chain(err)
+  if isinstance(chain[-1], (AttributeError, KeyError)):
+    unknown = _unknown_override(argv, spec)
+    if unknown:
+      return unknown
+  if isinstance(chain[-1], AttributeError) and "has no attribute 'get_config'" in str(chain[-1]):
+    return f"--config={spec}: the file has no get_config(arg) function; allowed: a config file that defines one"
+  if any(isinstance(e, errors.UserError) for e in chain):  # raised by the config file (parse_arg, set_fields)
+    return f"--config={spec}: {cli.one_line(cli.innermost_message(err))}"
+  if isinstance(err, flags.Error) and "Traceback" not in str(err):  # absl's own: an unknown flag, a bad value
+    for field, arg in _overrides(argv):  # a `--config.<field>=value` its parser refused: say what the field takes
+      if str(err).startswith(f"flag {arg}: "):
+        reason = cli.one_line(str(err)[len(f"flag {arg}: "):])
+        return f"{arg}: config field {field} is invalid ({reason}){_allowed_type(field, spec)}"
+    return cli.one_line(str(err)) + " (--helpshort lists the flags)"
+  return f"--config={spec}: {cli.one_line(cli.innermost_message(err))}"
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's `flags_parser` (app.run): parses the flags and loads the config file, or prints one line on
+  stderr and exits with code 2. Returns the arguments that are not flags."""
+  spec = _config_spec(argv) or DEFAULT_CONFIG
+  # The config file first: ml_collections refuses a `--config.<field>` given before it, but the overrides
+  # apply to the file wherever it is named.
+  argv = [argv[0], f"--config={spec}", *_without_config(argv[1:])]
+  sys.argv = argv  # (ml_collections finds the overrides in sys.argv, not in the argv absl parses)
+  try:
+    if not os.path.isfile(spec.split(":", 1)[0]):
+      raise errors.ConfigError(f"--config={spec!r}: no such file; allowed: a config file such as "
+                               f"{DEFAULT_CONFIG}[:arg], or a sweep config "
+                               f"configs/paper/{{{','.join(_paper_configs())}}}[:smoke][,seeds=K]")
+    rest = flags.FLAGS(argv)
+    config = flags.FLAGS["config"].value
+    if config is not None and not isinstance(config, ml_collections.ConfigDict):
+      getattr(config, "method")  # (ml_collections defers a file it could not open to the config's first use)
+    if not isinstance(config, ml_collections.ConfigDict):
+      raise errors.ConfigError(_not_a_config(spec, config))
+    return rest
+  except Exception as err:  # noqa: BLE001 — see the module docstring: all of it is bad input
+    own = isinstance(err, errors.ConfigError) and str(err).startswith(("--config=", "--config."))
+    message = cli.one_line(str(err)) if own else _flags_error_message(err, argv, spec)
+    print(message, file=sys.stderr)
+    sys.exit(cli.EXIT_BAD_INPUT)

@@ -1,0 +1,142 @@
+"""The modes behind launch.py, each a function of the config and the flags' values (`Options`).
+
+train (default): runs the config into `--workdir` (default runs/<config>[-<arg>]-<time>). Rerunning into the
+same workdir continues the run from its last complete checkpoint (bitwise the same metrics as an
+uninterrupted run); `--resume` does so explicitly, and without `--workdir` finds the newest run of the same
+config under runs/ (`run_name.resumable_workdir`).
+
+profile: compiles and measures each jitted piece of the configured run (one SGD step, a client update, the
+Fisher diagonal on each path and Eq. 8 at calibration sizes 16/32/128/512, the sketch, evaluation, each
+strategy's server step): a table on stdout and WORKDIR/profile.json; `profile_trace` also writes a
+jax.profiler trace (TensorBoard / Perfetto) to WORKDIR/trace with one named scope per piece.
+
+sweep: the config is a sweep config (configs/paper/*.py); every member runs into WORKDIR/runs/<member>
+(default WORKDIR: runs/<config>[-<arg>]), skipping finished members, so rerunning the same command resumes an
+interrupted sweep. `executor="local"` runs them one after another here; `"ray"` runs each as a Ray task on
+the cluster at `ray_address` (None: a local Ray instance). Exit code 1 if a member failed.
+
+report: the workdir is a sweep directory (the table in the paper's layout as markdown and CSV, and the
+figures, in WORKDIR/report) or a single run directory (its learning curve and figures, in WORKDIR/report).
+
+Bad input raises a `errors.UserError`; `main` turns it, and every other failure a user can cause, into one
+line on stderr and its exit code (`fedpsa_jax.cli`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import ml_collections
+from absl import logging
+
+from fedpsa_jax import cli, errors, io, profiling, signals
+from fedpsa_jax import config as config_lib
+from fedpsa_jax import sweep as sweep_lib
+from fedpsa_jax.cli import run_name
+from fedpsa_jax.sim import runner
+
+MODES = ("train", "profile", "sweep", "report")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """What launch.py's flags ask for besides the config (each field is the flag of the same name)."""
+
+  config_path: str  # `--config`: the config file[:arg], which names the default workdir
+  mode: str = "train"
+  workdir: str | None = None
+  resume: bool = False
+  executor: str = "local"
+  ray_address: str | None = None
+  compilation_cache: str | None = None  # None: WORKDIR/jax_cache; '': none
+  profile_trace: bool = False
+  profile_repeats: int = 5
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, resume: bool) -> int:
+  """The train mode: 0 when the run completed, 1 when it diverged (a stopped run raises, see `main`)."""
+  if resume and not os.path.exists(os.path.join(workdir, "config.json")):
+    raise config_lib.ConfigError(f"--workdir={workdir!r} holds no run to resume (no config.json); "
+                                 "allowed: the workdir of an earlier run, or no --resume for a new run")
+  simulation = runner.Simulation(config, workdir)
+  logging.info("workdir: %s", workdir)
+  if simulation.resumed_from is not None:
+    print(f"resuming {workdir} from its checkpoint at day "
+          f"{simulation.resumed_from / config_lib.UNITS_PER_DAY:.4f} (status {simulation.status})")
+  summary = simulation.run()
+  print(runner.summary_line(summary))
+  print(f"outputs in {workdir}")
+  return cli.EXIT_OK if summary["status"] == "completed" else cli.EXIT_FAILED
+
+
+def profile(config: ml_collections.ConfigDict, workdir: str, *, trace: bool = False, repeats: int = 5) -> int:
+  """The profile mode: the table on stdout, the rows in WORKDIR/profile.json."""
+  config_lib.validate(config)
+  os.makedirs(workdir, exist_ok=True)
+  trace_dir = os.path.join(workdir, "trace") if trace else None
+  rows = profiling.profile(config, repeats=repeats, trace_dir=trace_dir)
+  print(profiling.format_table(rows))
+  io.write_json_atomic(os.path.join(workdir, "profile.json"), rows)
+  print(f"profile written to {os.path.join(workdir, 'profile.json')}"
+        + (f", trace to {trace_dir}" if trace_dir else ""))
+  return cli.EXIT_OK
+
+
+def run_sweep(config: ml_collections.ConfigDict, options: Options) -> int:
+  """The sweep mode: 0 when every member is done, 1 when one failed."""
+  if not sweep_lib.is_sweep_config(config):
+    raise config_lib.ConfigError(
+        f"--config={options.config_path!r} is not a sweep config (it needs name, base, axes, seeds); allowed: "
+        "a sweep config such as configs/paper/table1.py (configs/paper/{table1..table6,fig3..fig6}.py)")
+  workdir = options.workdir or run_name.sweep_workdir(options.config_path)
+  cache = options.compilation_cache
+  cache = os.path.join(workdir, "jax_cache") if cache is None else cache
+  results = sweep_lib.run(config, workdir, options.executor, options.ray_address, compilation_cache=cache or None)
+  failed = [name for name, s in results.items() if s.get("sweep_action") == "failed"]
+  print(f"sweep {config.name}: {len(results) - len(failed)}/{len(results)} members done in {workdir}"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+        + f"\nreport: python launch.py --mode=report --workdir={workdir}")
+  return cli.EXIT_FAILED if failed else cli.EXIT_OK
+
+
+def run_report(workdir: str | None) -> int:
+  """The report mode: tables and figures of a sweep or a run directory into WORKDIR/report."""
+  from fedpsa_jax import report  # matplotlib only when a report is drawn
+
+  if not workdir:
+    raise config_lib.ConfigError("--workdir is required for --mode=report; allowed: a sweep directory (with "
+                                 "sweep.json) or a run directory (with metrics.jsonl)")
+  try:
+    written = report.build(workdir)
+  except report.ReportError as err:  # (report.py's own error type: bad input as well)
+    raise errors.UserError(str(err)) from None
+  print("\n".join(["report written:", *written]))
+  return cli.EXIT_OK
+
+
+def run_mode(config: ml_collections.ConfigDict, options: Options) -> int:
+  """The mode `options` asks for; bad input raises a UserError (see `main`)."""
+  if options.mode == "report":
+    return run_report(options.workdir)
+  if options.mode == "sweep":
+    return run_sweep(config, options)
+  if sweep_lib.is_sweep_config(config):
+    raise config_lib.ConfigError(f"--config={options.config_path!r} is a sweep config; allowed with it: "
+                                 "--mode=sweep (then --mode=report)")
+  config_lib.validate(config)
+  if options.mode == "profile":
+    workdir = options.workdir or run_name.default_workdir(options.config_path) + "-profile"
+    return profile(config, workdir, trace=options.profile_trace, repeats=options.profile_repeats)
+  if options.resume and not options.workdir:
+    workdir = run_name.resumable_workdir(options.config_path, config)
+  else:
+    workdir = options.workdir or run_name.default_workdir(options.config_path)
+  return train(config, workdir, options.resume)
+
+
+def main(config: ml_collections.ConfigDict, options: Options) -> int:
+  """Runs the mode with SIGINT / SIGTERM handled (one line, status `interrupted`, exit 130 / 143): the
+  process's exit code. Installs signal handlers, so call it from a command line, not a notebook."""
+  signals.handle_signals()
+  return cli.exit_code_of(lambda: run_mode(config, options))
