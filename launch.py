@@ -39,8 +39,8 @@ _EXECUTOR = flags.DEFINE_enum("executor", "local", list(sweep_lib.EXECUTORS),
                               "sweep: run members one after another here (local) or as Ray tasks (ray).")
 _COMPILATION_CACHE = flags.DEFINE_string(
     "compilation_cache", None, "sweep: JAX persistent compilation cache directory shared by the members "
-    "(default: WORKDIR/jax_cache; '' turns it off). Members recompile the same functions; the cache makes "
-    "short members ~3x faster and does not change results. It holds executable code: use only a cache "
+    "(default: WORKDIR/jax_cache; '' turns it off). Members recompile the same functions; the cache spares "
+    "them and does not change results. It holds executable code: use only a cache "
     "this user made.")
 _RAY_ADDRESS = flags.DEFINE_string("ray_address", None, "sweep --executor=ray: the cluster address for "
                                    "ray.init(address=...) ('auto': this node's cluster); none: a local instance.")

@@ -179,9 +179,9 @@ def enable_compilation_cache(path: str) -> bool:
   """Turns on JAX's persistent compilation cache in `path` for this process, unless one is configured.
 
   A sweep's members compile the same functions again and again (new closures, same HLO); the cache,
-  keyed by HLO, backend and JAX version, makes a smoke member ~3x faster. It must be set before this
-  process compiles anything (JAX reads it once), so launch.py calls it first thing and each Ray task
-  calls it in its worker. Cached executables are the compiled code itself: results do not change.
+  keyed by HLO, backend and JAX version, spares a member most of its compiles (docs/performance.md). It
+  must be set before this process compiles anything (JAX reads it once), so the sweep mode calls it before
+  any member runs and each Ray task calls it in its worker. Cached executables are the compiled code itself: results do not change.
   Returns whether it was set here."""
   import jax
 

@@ -149,7 +149,7 @@ def laplacian_spectrum(affinity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   d = a.sum(axis=1)
   inv_sqrt = np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 0.0)
   lap = np.eye(len(a)) - inv_sqrt[:, None] * a * inv_sqrt[None, :]
-  import scipy.linalg  # here, not at the top: every run loads all strategies (config defaults), ~17 MB of RSS
+  import scipy.linalg  # here: every run imports all strategies, and only CASA needs it (resident memory)
   return scipy.linalg.eigh((lap + lap.T) / 2.0)
 
 
@@ -191,7 +191,7 @@ def spectral_partition(affinity: np.ndarray, num_eigenvalues: int, gamma: float,
     return None, r, gap
   embedding = vectors[:, :r]
   embedding = embedding / np.maximum(np.linalg.norm(embedding, axis=1, keepdims=True), 1e-12)
-  import sklearn.cluster  # here, not at the top: ~1 s of import that every process would pay for CASA alone
+  import sklearn.cluster  # here: a slow import that every process would otherwise pay for CASA alone
 
   labels = sklearn.cluster.KMeans(n_clusters=r, n_init=10, random_state=seed).fit(embedding).labels_
   return labels.astype(np.int64), r, gap
