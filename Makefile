@@ -1,11 +1,11 @@
 # `make run`: set up .venv (if needed) and run the default experiment on the embedded MNIST data.
-# `make test`: set up .venv (if needed) and run the test suite.
+# `make test`: set up .venv (if needed) and run the test suite (`make test-fast`: all but the slow tests).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-avx2 setup clean
+.PHONY: run test test-fast test-avx2 setup clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,10 +19,14 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(PY) launch.py --config=configs/default.py $(ARGS)
 
-# Tests in parallel processes (pytest-xdist), at most 4: each JAX process uses every core for its big ops,
-# but most tests are bound by single-threaded compiles; on 2 cores 2 workers take ~8.5 min against ~12.
+# The whole suite in parallel processes (pytest-xdist), at most 4: most tests are bound by single-threaded
+# compiles, so one worker per core (docs/testing.md has the times). CI runs this.
 test: $(STAMP)
 	$(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal $(ARGS)
+
+# The edit-test loop: everything but the tests marked slow (whole runs through launch.py, sweeps, the notebook).
+test-fast: $(STAMP)
+	$(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal -m "not slow" $(ARGS)
 
 # The numerics-heavy files again with XLA:CPU held to AVX2 (other vector widths and summation orders than an
 # AVX-512 machine's): a tolerance fitted to one CPU's bits fails here before it lands. CI runs it after `test`.
