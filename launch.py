@@ -55,6 +55,8 @@ flags.register_validator(
     "beyond the cores only wait, and XLA builds each of them at start)")
 _PROFILE_TRACE = flags.DEFINE_bool("profile_trace", False, "profile: also write a jax.profiler trace.")
 _PROFILE_REPEATS = flags.DEFINE_integer("profile_repeats", 5, "profile: timed calls per piece (median).")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Also show the libraries' info log lines (absl, JAX, tfds); "
+                             "by default the console has the progress bar, warnings and the result lines only.")
 _RESUME = flags.DEFINE_bool(
     "resume", False, "train: continue the run in --workdir (without --workdir: the newest "
     "runs/<config>-* run of this same config) from its last complete checkpoint; an error if there is "
@@ -68,7 +70,7 @@ def main(argv: list[str]) -> int:
       config_path=config_flags.get_config_filename(flags.FLAGS["config"]), mode=_MODE.value,
       workdir=_WORKDIR.value, resume=_RESUME.value, executor=_EXECUTOR.value, ray_address=_RAY_ADDRESS.value,
       compilation_cache=_COMPILATION_CACHE.value, profile_trace=_PROFILE_TRACE.value,
-      profile_repeats=_PROFILE_REPEATS.value)
+      profile_repeats=_PROFILE_REPEATS.value, verbose=_VERBOSE.value)
   return modes.main(_CONFIG.value, options)
 
 

@@ -25,6 +25,7 @@ line on stderr and its exit code (`fedpsa_jax.cli`).
 from __future__ import annotations
 
 import dataclasses
+import logging as std_logging
 import os
 
 import ml_collections
@@ -52,6 +53,7 @@ class Options:
   compilation_cache: str | None = None  # None: WORKDIR/jax_cache; '': none
   profile_trace: bool = False
   profile_repeats: int = 5
+  verbose: bool = False  # `--verbose`: the libraries' info log lines (absl, JAX, tfds) on the console too
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, resume: bool) -> int:
@@ -60,7 +62,6 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool) -> int:
     raise config_lib.ConfigError(f"--workdir={workdir!r} holds no run to resume (no config.json); "
                                  "allowed: the workdir of an earlier run, or no --resume for a new run")
   simulation = runner.Simulation(config, workdir)
-  logging.info("workdir: %s", workdir)
   if simulation.resumed_from is not None:
     print(f"resuming {workdir} from its checkpoint at day "
           f"{simulation.resumed_from / config_lib.UNITS_PER_DAY:.4f} (status {simulation.status})")
@@ -139,4 +140,13 @@ def main(config: ml_collections.ConfigDict, options: Options) -> int:
   """Runs the mode with SIGINT / SIGTERM handled (one line, status `interrupted`, exit 130 / 143): the
   process's exit code. Installs signal handlers, so call it from a command line, not a notebook."""
   signals.handle_signals()
+  if not options.verbose:
+    quiet_library_logs()
   return cli.exit_code_of(lambda: run_mode(config, options))
+
+
+def quiet_library_logs() -> None:
+  """Only warnings and errors of absl, JAX and tfds on the console (their info lines, e.g. JAX's search for
+  a TPU, say nothing a user must act on); the run's own lines are printed, not logged."""
+  logging.set_verbosity(logging.WARNING)
+  std_logging.getLogger().setLevel(std_logging.WARNING)
