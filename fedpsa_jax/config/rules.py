@@ -15,7 +15,7 @@ from typing import Sequence
 import ml_collections
 
 from fedpsa_jax import choices
-from fedpsa_jax.config.schema import INT64_MAX, MAX_DAYS, UNITS_PER_DAY, _strategies
+from fedpsa_jax.config.schema import INT64_MAX, MAX_DAYS, UNITS_PER_DAY, registered_strategies
 from fedpsa_jax.errors import ConfigError
 from fedpsa_jax.validation import (Validator, boolean, error, field_errors, integer, is_integer, number, one_of,
                                    sequence_of)
@@ -188,7 +188,7 @@ def validate_data(c: ml_collections.ConfigDict, sizes: DataSizes) -> None:
 def config_errors(c: ml_collections.ConfigDict) -> list[str]:
   """Every problem of a config, each naming the field, the value and what is allowed: the rows of
   `FIELD_RULES`, the cross-field checks, and the active method's own `validate_config`."""
-  methods = _strategies()
+  methods = registered_strategies()
   errors = field_errors(c, (("method", one_of(methods)),) + FIELD_RULES)
   errors += _cross_field_errors(c)
   if c.method in methods:

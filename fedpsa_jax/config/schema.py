@@ -29,7 +29,7 @@ SHARED_SECTIONS = ("method", "seed", "stop_on_nan", "data", "partition", "model"
 RUNTIME_SECTION = "runtime"
 
 
-def _strategies() -> dict:
+def registered_strategies() -> dict:
   """{name: Strategy class} of every registered strategy.
 
   Imported when called, not with this module: the strategies import JAX, and the config sits below them
@@ -78,7 +78,7 @@ def runtime_config() -> ml_collections.ConfigDict:
 def base_config() -> ml_collections.ConfigDict:
   """All fields with their defaults (the paper's Sec. 6.1 values where the paper gives one), one section per
   registered strategy (`config.<method>`, from its `default_config()`), and `runtime`."""
-  strategies = _strategies()
+  strategies = registered_strategies()
   c = ml_collections.ConfigDict()
   c.method = "fedpsa"  # the strategy: one of fedpsa_jax.strategies.registered()
   c.seed = 0  # the run seed; every random stream is derived from it by purpose (seeding.py)
