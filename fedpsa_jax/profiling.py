@@ -101,33 +101,26 @@ class Profiler:
     client = int(np.argsort(fed.client_sizes)[len(fed.client_sizes) // 2])  # the median-sized client
     n, row, key = int(fed.client_sizes[client]), fed.client_indices[client], jax.random.key(0)
     orders = local.epoch_orders(key, jnp.int32(n), row.shape[0], trainer.epochs)
-    args = (self.params, self.params, fed.x_train, fed.y_train, row, orders, jnp.int32(n), jnp.float32(0.01))
-    one_step = functools.partial(trainer.sgd_step, t=jnp.int32(0))
+    state = local.StepState(params=self.params, anchor=self.params, lr=jnp.float32(0.01))
+    data = local.ClientData(x_all=fed.x_train, y_all=fed.y_train, index_row=row, orders=orders,
+                            num_samples=jnp.int32(n))
+    one_step = lambda state, data: trainer.sgd_step(state, data, jnp.int32(0)).params
     one_step_jit = jax.jit(one_step)  # (built once: a new wrapper per timed call dispatches slowly)
-    self.add("sgd_step", compiled_cost(one_step, *args), lambda: one_step_jit(*args),
+    self.add("sgd_step", compiled_cost(one_step, state, data), lambda: one_step_jit(state, data),
              batch=trainer.batch_size)
     steps = local.num_local_steps(n, trainer.batch_size, trainer.epochs)
     full, rest = trainer.epoch_plan(n)
     if rest:  # the partial batch of each epoch runs at `rest` rows (see LocalTrainer.epoch_plan)
       slot = full * trainer.batch_size + jnp.arange(rest)
-
-      def partial_step(params, anchor, x_all, y_all, index_row, order, num_samples, lr):
-        return trainer.batch_step(params, anchor, x_all, y_all, index_row, order, slot, num_samples, lr)
-
-      partial_args = (*args[:5], orders[0], jnp.int32(n), jnp.float32(0.01))
+      partial_step = lambda state, data, order: trainer.batch_step(state, data, order, slot).params
       partial_jit = jax.jit(partial_step)
-      self.add("sgd_step_partial", compiled_cost(partial_step, *partial_args), lambda: partial_jit(*partial_args),
-               batch=rest)
-    if trainer.loop == "rolled":
-      chunk_costs = [compiled_cost(functools.partial(trainer.run_steps, count=c), *args, jnp.int32(0))
-                     for c in trainer.chunk_sizes(steps)]
-    else:  # every epoch makes the same calls; each distinct (count, rows) program is compiled once here
-      shapes = [(count, rows) for _, count, rows in trainer.epoch_calls(n)]
-      program = {(count, rows): compiled_cost(functools.partial(trainer.run_batches, count=count, rows=rows), *args,
-                                              jnp.int32(0), jnp.int32(0)) for count, rows in set(shapes)}
-      chunk_costs = [program[shape] for _ in range(trainer.epochs) for shape in shapes]
-    self.add("client_update", _summed(chunk_costs),
-             lambda: trainer.train(self.params, fed.x_train, fed.y_train, row, n, 0.01, key),
+      self.add("sgd_step_partial", compiled_cost(partial_step, state, data, orders[0]),
+               lambda: partial_jit(state, data, orders[0]), batch=rest)
+    programs = trainer.update_programs(state, data.replace(num_samples=n))
+    cost = _summed([_scaled(compiled_cost(fn, *args), times) for times, fn, args in programs])
+    self.add("client_update", cost,
+             lambda: trainer.train_job(self.params, x_all=fed.x_train, y_all=fed.y_train, index_row=row,
+                                       num_samples=n, lr=0.01, clients_key=key, job_id=0),
              steps=steps, samples=n, full_batches=trainer.epochs * full, partial_batches=trainer.epochs * (rest > 0),
              partial_rows=rest)
 
