@@ -150,8 +150,8 @@ class Profiler:
     # What a FedPSA client adds to its update: g, Fisher, Eq. 8 and the sketch, on the configured calibration
     # batch and Fisher path (costed here as one program; a run makes it two calls: sensitivity.sketch_of).
     x, y = calibration_batch(ctx, c.fedpsa.calibration, c.fedpsa.calibration_size)
-    whole = lambda p, x, y: sensitivity._sketch_of(self.apply_fn, p, R, x, y, chunk_size=c.runtime.fisher_chunk_size,
-                                                   use_sensitivity=True, method=c.runtime.fisher)
+    whole = lambda p, x, y: sensitivity.sketch(R, sensitivity.sensitivity(
+        self.apply_fn, p, x, y, chunk_size=c.runtime.fisher_chunk_size, method=c.runtime.fisher))
     self._add_on_batch("client_sensitivity_sketch", whole, x, y, calibration=c.fedpsa.calibration_size,
                        note=f"Fisher path {sensitivity.resolve_fisher_method(self.apply_fn, c.runtime.fisher)}")
 
