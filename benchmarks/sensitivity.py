@@ -40,7 +40,7 @@ def main() -> None:
     with mock:
       profiler = profiling.Profiler(c, repeats=args.repeats)
       profiler.local_training()
-      profiler.sensitivity_pieces(sizes)
+      profiler.method_pieces(calibration_sizes=sizes)  # FedPSA's plug-in: profilers/fedpsa.py
     step = next(r["ms"] for r in profiler.rows if r["piece"] == "sgd_step")
     update = next(r["ms"] for r in profiler.rows if r["piece"] == "client_update")
     for r in profiler.rows:

@@ -7,7 +7,7 @@ traced argument, so decaying it never recompiles.
 
 How the steps are looped is a per-backend choice; the measurements behind it: docs/performance.md.
 
-- `unrolled` (`train`, one client): a host loop over compiled calls of at most `max_unroll` steps
+- `unrolled` (`train_job`, one client): a host loop over compiled calls of at most `max_unroll` steps
   (default 1: one call per SGD step). An epoch is `n // B` full batches, in chunks of `max_unroll` and
   then powers of two, and then the partial batch at its own size, the next power of two >= n mod B (at
   least 8), masked past n. Compiled programs: one per (steps per call, rows per batch), so with
@@ -40,10 +40,13 @@ import dataclasses
 import functools
 from typing import Any, Callable
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from fedpsa_jax.tree_util import squared_distance
 
 Params = Any
 Regularizer = Callable[[Params, Params], jax.Array]
@@ -73,9 +76,38 @@ def _masked_mean_loss(apply_fn, params, x, y, mask):
   return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
+@flax.struct.dataclass
+class ClientData:
+  """The samples one client update reads, traced like every array (new values never recompile): the whole
+  training set (shared by every client), the client's padded index row, its epoch orders and its size n.
+  Batched (`train_batch`), every field but `x_all`/`y_all` has a leading client axis."""
+
+  x_all: jax.Array  # [N, ...] every client's samples
+  y_all: jax.Array  # [N] their labels
+  index_row: jax.Array  # [max_n] the client's sample indices (padded past n)
+  orders: jax.Array | None  # [E, max_n] positions into index_row (`epoch_orders`); None until drawn in the job
+  num_samples: jax.Array  # n, int32
+
+
+@flax.struct.dataclass
+class StepState:
+  """What an SGD step reads besides the data: the working parameters, the anchor (the dispatched parameters,
+  read by FedProx's term and FedPAC's loss; () when no step reads them) and the learning rate. At the jit
+  boundaries of the donating chains the parameters travel apart from the rest: only they are donated."""
+
+  params: Params
+  anchor: Params
+  lr: jax.Array
+
+
 @dataclasses.dataclass(frozen=True)
 class LocalTrainer:
-  """Runs one client's local SGD. Hashable (jit-static) except for arrays passed at call time."""
+  """Runs one client's local SGD. Hashable (jit-static) except for arrays passed at call time.
+
+  Two entry points: `train_job` (one client, the loop executor) and `train_batch` (J clients at once, the
+  vmap and sharded executors). `sgd_step`/`batch_step` are one step as a pure function of (StepState,
+  ClientData) -> StepState; `epoch_plan`, `epoch_calls` and `chunk_sizes` are the schedule, in host ints.
+  """
 
   apply_fn: Callable[[Params, jax.Array], jax.Array]
   batch_size: int
@@ -85,46 +117,98 @@ class LocalTrainer:
   max_unroll: int = 16
   loss: LocalLoss | None = None  # replaces the masked mean cross-entropy when given
 
-  def sgd_step(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, t, aux=()):
+  # --- entry points ---------------------------------------------------------------------------------
+
+  def train_job(self, params: Params, *, x_all: jax.Array, y_all: jax.Array, index_row: jax.Array,
+                num_samples: int, lr: float | jax.Array, clients_key: jax.Array, job_id: int, aux: Any = (),
+                owned: bool = False) -> Params:
+    """Job `job_id`'s client update: E epochs of SGD from `params` on the samples `index_row[:num_samples]`,
+    shuffled under the key fold_in(clients_key, job_id) (`epoch_orders`).
+
+    `num_samples` is a host integer (the host knows each client's size); everything else may be on device,
+    `clients_key` on the device of the other arguments. `aux` is handed to `loss` at every step. `owned`:
+    `params` is the caller's to give up (a buffer nobody else holds, e.g. just copied to the client's
+    device), so the first step may consume it rather than a copy (module docstring). Rolled, the shuffle and
+    every epoch are one compiled call (where a dense model's steps are short, each call's dispatch is a large
+    part of a job's host time); unrolled, the shuffle is one call and then each chunk of steps one more.
+    """
+    # NumPy scalars, not jnp.asarray: jit's C++ dispatch takes them directly, where an eager conversion costs
+    # ~0.1 ms of host time each (benchmarks/host_overhead.py).
+    n, job = np.int32(num_samples), np.uint32(job_id)
+    lr = np.float32(lr) if not isinstance(lr, jax.Array) else lr
+    if self.loop == "rolled":  # (one call: nothing in flight between steps to save)
+      full, rest = self.epoch_plan(num_samples)
+      data = ClientData(x_all, y_all, index_row, None, n)
+      return _run_job(params, params if self.uses_anchor else (), lr, data, clients_key, job, np.int32(full), aux,
+                      trainer=self, rest=rest)
+    orders = _job_orders(clients_key, job, n, max_samples=index_row.shape[0], epochs=self.epochs)
+    params, anchor = self._working_copy(params, owned)
+    data = ClientData(x_all, y_all, index_row, orders, n)
+    calls = self.epoch_calls(num_samples)
+    for epoch in range(self.epochs):
+      for start, count, rows in calls:  # Python ints: traced (start, epoch) or static (count, rows)
+        params = _run_batches(params, anchor, lr, data, epoch, start, aux, trainer=self, count=count, rows=rows)
+    return params
+
+  def train_batch(self, params: Params, *, x_all: jax.Array, y_all: jax.Array, index_rows: jax.Array,
+                  num_samples: jax.Array, lr: jax.Array, keys: jax.Array, total_steps: int, aux: Any = (),
+                  mesh: jax.sharding.Mesh | None = None, owned: bool = False) -> Params:
+    """J client updates at once: every argument but x_all/y_all has a leading client axis of size J, and
+    client j's samples are shuffled under `keys[j]` itself.
+
+    Each client runs `total_steps` steps (a host int, at least every client's own step count); steps
+    past a client's own count are masked no-ops, so client j's result equals one client's training on its
+    slice up to float reassociation. With `mesh` (one axis, 'clients'), the client axis is split over the
+    mesh's devices with `shard_map` (J must be a multiple of the device count); without it the J
+    clients are vmapped on the default device. `owned` as in `train_job`.
+    """
+    orders = _epoch_orders_batch(keys, num_samples, index_rows.shape[1], self.epochs)
+    data = ClientData(x_all, y_all, index_rows, orders, num_samples)
+    params, anchor = self._working_copy(params, owned)
+    if self.loop == "rolled":
+      return _run_batch(params, anchor, lr, data, jnp.int32(0), jnp.int32(total_steps), aux, trainer=self,
+                        mesh=mesh, count=None)
+    t0 = 0
+    for count in self.chunk_sizes(total_steps):
+      params = _run_batch(params, anchor, lr, data, jnp.int32(t0), None, aux, trainer=self, mesh=mesh, count=count)
+      t0 += count
+    return params
+
+  # --- one step --------------------------------------------------------------------------------------
+
+  def sgd_step(self, state: StepState, data: ClientData, t: jax.Array, aux: Any = ()) -> StepState:
     """Step t of the client's schedule (a no-op once t >= its own step count), on a batch of B rows."""
-    b = self.batch_size
-    steps_per_epoch = jnp.maximum((num_samples + b - 1) // b, 1)  # (>= 1: a 0-sample padding job is inert)
+    b, n = self.batch_size, data.num_samples
+    steps_per_epoch = jnp.maximum((n + b - 1) // b, 1)  # (>= 1: a 0-sample padding job is inert)
     epoch = jnp.minimum(t // steps_per_epoch, self.epochs - 1)
     slot = (t % steps_per_epoch) * b + jnp.arange(b)
-    active = (t < self.epochs * steps_per_epoch) & (num_samples > 0)
-    return self.batch_step(params, anchor, x_all, y_all, index_row, orders[epoch], slot, num_samples, lr, active,
-                           aux)
+    active = (t < self.epochs * steps_per_epoch) & (n > 0)
+    return self.batch_step(state, data, data.orders[epoch], slot, active, aux)
 
-  def batch_step(self, params, anchor, x_all, y_all, index_row, order, slot, num_samples, lr, active=True, aux=()):
+  def batch_step(self, state: StepState, data: ClientData, order: jax.Array, slot: jax.Array,
+                 active: bool | jax.Array = True, aux: Any = ()) -> StepState:
     """One SGD step on the samples at positions `slot` of a shuffled epoch `order` (positions >= n are
     masked out of the mean loss); `active` False leaves the parameters untouched."""
-    mask = (slot < num_samples).astype(jnp.float32)
-    sample = jnp.take(index_row, jnp.take(order, jnp.minimum(slot, order.shape[0] - 1)))
-    x, y = jnp.take(x_all, sample, axis=0), jnp.take(y_all, sample, axis=0)
+    mask = (slot < data.num_samples).astype(jnp.float32)
+    sample = jnp.take(data.index_row, jnp.take(order, jnp.minimum(slot, order.shape[0] - 1)))
+    x, y = jnp.take(data.x_all, sample, axis=0), jnp.take(data.y_all, sample, axis=0)
 
     def loss_fn(p):
       if self.loss is None:
         loss = _masked_mean_loss(self.apply_fn, p, x, y, mask)
       else:
-        loss = self.loss(self.apply_fn, p, anchor, x, y, mask, aux)
+        loss = self.loss(self.apply_fn, p, state.anchor, x, y, mask, aux)
       if self.regularizer is not None:
-        loss = loss + self.regularizer(p, anchor)
+        loss = loss + self.regularizer(p, state.anchor)
       return loss
 
-    grads = jax.grad(loss_fn)(params)
+    grads = jax.grad(loss_fn)(state.params)
     # `where`, not lr = 0: a masked step must leave the parameters untouched even if its gradient is inf.
-    return jax.tree.map(lambda p, g: jnp.where(active, p - lr.astype(p.dtype) * g, p), params, grads)
+    lr = state.lr
+    return state.replace(params=jax.tree.map(lambda p, g: jnp.where(active, p - lr.astype(p.dtype) * g, p),
+                                             state.params, grads))
 
-  def run_batches(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, epoch, start, count, rows,
-                  aux=()):
-    """`count` consecutive batches of `rows` positions each of epoch `epoch`'s shuffled order, from
-    position `start` (positions >= n are masked out), unrolled. `count` and `rows` are static; `epoch`
-    and `start` are traced, so every call of the same shape shares one compiled program."""
-    order = orders[epoch]
-    for s in range(count):
-      params = self.batch_step(params, anchor, x_all, y_all, index_row, order, start + s * rows + jnp.arange(rows),
-                               num_samples, lr, aux=aux)
-    return params
+  # --- the schedule (host ints) ------------------------------------------------------------------------
 
   def epoch_plan(self, num_samples: int) -> tuple[int, int]:
     """(full, rest): an epoch of `num_samples` samples is `full` batches of B rows, then (when rest > 0)
@@ -144,31 +228,6 @@ class LocalTrainer:
       start += count * self.batch_size
     return calls + ([(start, 1, rest)] if rest else [])
 
-  def run_steps(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, t0, count, aux=()):
-    """`count` consecutive steps from t0, unrolled (count static) or rolled (count traced)."""
-    step = functools.partial(self.sgd_step, anchor=anchor, x_all=x_all, y_all=y_all, index_row=index_row,
-                             orders=orders, num_samples=num_samples, lr=lr, aux=aux)
-    if self.loop == "rolled":
-      return jax.lax.fori_loop(0, count, lambda i, p: step(p, t=t0 + i), params)
-    for i in range(count):
-      params = step(params, t=t0 + i)
-    return params
-
-  def run_epochs(self, params, anchor, x_all, y_all, index_row, orders, num_samples, lr, full, rest, aux=()):
-    """Every epoch of one client, rolled: per epoch a `fori_loop` over its `full` batches of B rows (traced,
-    so one program serves every client size), then the partial batch at `rest` rows (static; 0: none),
-    masked past n: the unrolled schedule's batches (`epoch_plan`) inside one compiled program."""
-    b = self.batch_size
-    step = functools.partial(self.batch_step, anchor=anchor, x_all=x_all, y_all=y_all, index_row=index_row,
-                             num_samples=num_samples, lr=lr, aux=aux)
-
-    def epoch(e, params):
-      order = orders[e]
-      params = jax.lax.fori_loop(0, full, lambda s, p: step(p, order=order, slot=s * b + jnp.arange(b)), params)
-      return step(params, order=order, slot=full * b + jnp.arange(rest)) if rest else params
-
-    return jax.lax.fori_loop(0, self.epochs, epoch, params)
-
   def chunk_sizes(self, total_steps: int) -> list[int]:
     """The unrolled chunks covering `total_steps`: full `max_unroll` chunks, then powers of two."""
     chunks = [self.max_unroll] * (total_steps // self.max_unroll)
@@ -181,46 +240,73 @@ class LocalTrainer:
       power >>= 1
     return chunks
 
-  def train(self, params: Params, x_all: jax.Array, y_all: jax.Array, index_row: jax.Array,
-            num_samples: int, lr: float | jax.Array, key: jax.Array, aux: Any = ()) -> Params:
-    """One client update from `params`: E epochs of SGD on the samples `index_row[:num_samples]`.
+  def update_programs(self, state: StepState, data: ClientData,
+                      aux: Any = ()) -> list[tuple[int, Callable[..., Params], tuple]]:
+    """One client update (`data.num_samples` a host int) as loop-free programs: (times run, fn, args), where
+    `jax.jit(fn)(*args)` is one program that returns the trained parameters. For cost analysis (profiling.py):
+    XLA counts a loop body once, so an update's cost is the sum over these of times x the program's. Rolled,
+    its steps are costed as the batched path's t-indexed steps, in `chunk_sizes`."""
+    n = int(data.num_samples)
+    data = data.replace(num_samples=jnp.int32(n))
+    if self.loop == "rolled":
+      chunks = self.chunk_sizes(num_local_steps(n, self.batch_size, self.epochs))
 
-    `num_samples` is a host integer (the host knows each client's size); everything else may be on
-    device. `aux` is handed to `loss` at every step. Returns the trained parameters.
-    """
-    orders = _epoch_orders_jit(key, np.int32(num_samples), index_row.shape[0], self.epochs)
-    return self.train_in_order(params, x_all, y_all, index_row, num_samples, lr, orders, aux)
+      def steps(state, data, t0, count):
+        return self._steps(state, data, t0, count=count, aux=aux).params
 
-  def job_orders(self, clients_key: jax.Array, job_id: int, num_samples: int, max_samples: int) -> jax.Array:
-    """The epoch orders of job `job_id` (`epoch_orders` under the key fold_in(clients_key, job_id)) in one
-    compiled call: the executor's per-job key and shuffle cost the host one dispatch, not two."""
-    return _job_orders(clients_key, np.uint32(job_id), np.int32(num_samples), max_samples, self.epochs)
+      return [(chunks.count(c), functools.partial(steps, count=c), (state, data, jnp.int32(0)))
+              for c in sorted(set(chunks), reverse=True)]
 
-  def train_job(self, params: Params, x_all: jax.Array, y_all: jax.Array, index_row: jax.Array, num_samples: int,
-                lr: float | jax.Array, clients_key: jax.Array, job_id: int, aux: Any = (),
-                owned: bool = False) -> Params:
-    """Job `job_id`'s client update: `train_in_order` under its `job_orders`. Rolled, the shuffle and every
-    epoch are one compiled call (where a dense model's steps are short, each call's dispatch is a large
-    part of a job's host time); `clients_key` must be on the device of the other arguments."""
-    if self.loop != "rolled":
-      orders = self.job_orders(clients_key, job_id, num_samples, index_row.shape[0])
-      return self.train_in_order(params, x_all, y_all, index_row, num_samples, lr, orders, aux, owned)
-    anchor, n, lr, full, rest = self._rolled_args(params, num_samples, lr)
-    return _run_job(self, params, anchor, x_all, y_all, index_row, clients_key, np.uint32(job_id), n, lr, full,
-                    rest, aux)
+    def batches(state, data, epoch, start, count, rows):
+      return self._batches(state, data, epoch, start, count=count, rows=rows, aux=aux).params
 
-  def _rolled_args(self, params: Params, num_samples: int, lr: float | jax.Array) -> tuple:
-    """(anchor, n, lr, full batches, partial rows) of a rolled call. NumPy scalars, not jnp.asarray: jit's C++
-    dispatch takes them directly, where an eager conversion costs ~0.1 ms of host time each
-    (benchmarks/host_overhead.py)."""
-    full, rest = self.epoch_plan(num_samples)
-    lr = np.float32(lr) if not isinstance(lr, jax.Array) else lr
-    return params if self.uses_anchor else (), np.int32(num_samples), lr, np.int32(full), rest
+    shapes = [(count, rows) for _, count, rows in self.epoch_calls(n)]
+    return [(self.epochs * shapes.count(shape), functools.partial(batches, count=shape[0], rows=shape[1]),
+             (state, data, jnp.int32(0), jnp.int32(0))) for shape in dict.fromkeys(shapes)]
 
   @property
   def uses_anchor(self) -> bool:
     """Whether a step reads the dispatched parameters (FedProx's term, FedPAC's loss)."""
     return self.regularizer is not None or self.loss is not None
+
+  # --- the loops (traced; the jitted wrappers below call them) ----------------------------------------
+
+  def _batches(self, state: StepState, data: ClientData, epoch: jax.Array, start: jax.Array, *, count: int,
+               rows: int, aux: Any = ()) -> StepState:
+    """`count` consecutive batches of `rows` positions each of epoch `epoch`'s shuffled order, from
+    position `start` (positions >= n are masked out), unrolled. `count` and `rows` are static; `epoch`
+    and `start` are traced, so every call of the same shape shares one compiled program."""
+    order = data.orders[epoch]
+    for s in range(count):
+      state = self.batch_step(state, data, order, start + s * rows + jnp.arange(rows), aux=aux)
+    return state
+
+  def _steps(self, state: StepState, data: ClientData, t0: jax.Array, *, count: int | jax.Array,
+             aux: Any = ()) -> StepState:
+    """`count` consecutive steps from t0, unrolled (count static) or rolled (count traced)."""
+    if self.loop == "rolled":
+      params = jax.lax.fori_loop(
+          0, count, lambda i, p: self.sgd_step(state.replace(params=p), data, t0 + i, aux).params, state.params)
+      return state.replace(params=params)
+    for i in range(count):
+      state = self.sgd_step(state, data, t0 + i, aux)
+    return state
+
+  def _epochs(self, state: StepState, data: ClientData, full: jax.Array, *, rest: int, aux: Any = ()) -> StepState:
+    """Every epoch of one client, rolled: per epoch a `fori_loop` over its `full` batches of B rows (traced,
+    so one program serves every client size), then the partial batch at `rest` rows (static; 0: none),
+    masked past n: the unrolled schedule's batches (`epoch_plan`) inside one compiled program."""
+    b = self.batch_size
+
+    def step(params, order, slot):
+      return self.batch_step(state.replace(params=params), data, order, slot, aux=aux).params
+
+    def epoch(e, params):
+      order = data.orders[e]
+      params = jax.lax.fori_loop(0, full, lambda s, p: step(p, order, s * b + jnp.arange(b)), params)
+      return step(params, order, full * b + jnp.arange(rest)) if rest else params
+
+    return state.replace(params=jax.lax.fori_loop(0, self.epochs, epoch, state.params))
 
   def _working_copy(self, params: Params, owned: bool) -> tuple[Params, Params]:
     """(the parameters the donating chain may consume, the anchor): the caller's own `params` when it hands
@@ -228,54 +314,11 @@ class LocalTrainer:
     anchor = params if self.uses_anchor else ()
     return (params if owned and not self.uses_anchor else _copy(params)), anchor
 
-  def train_in_order(self, params: Params, x_all: jax.Array, y_all: jax.Array, index_row: jax.Array,
-                     num_samples: int, lr: float | jax.Array, orders: jax.Array, aux: Any = (),
-                     owned: bool = False) -> Params:
-    """`train` given the job's epoch orders (`epoch_orders`, e.g. from `job_orders`) instead of its key.
-    `owned`: `params` is the caller's to give up (a buffer nobody else holds, e.g. just copied to the
-    client's device), so the first step may consume it rather than a copy."""
-    if self.loop == "rolled":  # (one call: nothing in flight between steps to save)
-      anchor, n, lr, full, rest = self._rolled_args(params, num_samples, lr)
-      return _run_epochs(self, params, anchor, x_all, y_all, index_row, orders, n, lr, full, rest, aux)
-    n = np.int32(num_samples)  # (NumPy scalars for jit's C++ dispatch: `_rolled_args`)
-    lr = np.float32(lr) if not isinstance(lr, jax.Array) else lr
-    params, anchor = self._working_copy(params, owned)
-    calls = self.epoch_calls(num_samples)
-    for epoch in range(self.epochs):
-      for start, count, rows in calls:  # Python ints: traced (start, epoch) or static (count, rows)
-        params = _run_batches(self, params, anchor, x_all, y_all, index_row, orders, n, lr, epoch, start, count,
-                              rows, aux)
-    return params
 
-  def train_batch(self, params: Params, x_all: jax.Array, y_all: jax.Array, index_rows: jax.Array,
-                  num_samples: jax.Array, lr: jax.Array, keys: jax.Array, total_steps: int, aux: Any = (),
-                  mesh: jax.sharding.Mesh | None = None, owned: bool = False) -> Params:
-    """J client updates at once: every argument but x_all/y_all has a leading client axis of size J.
-
-    Each client runs `total_steps` steps (a host int, at least every client's own step count); steps
-    past a client's own count are masked no-ops, so client j's result equals `train` on its slice up
-    to float reassociation. With `mesh` (one axis, 'clients'), the client axis is split over the
-    mesh's devices with `shard_map` (J must be a multiple of the device count); without it the J
-    clients are vmapped on the default device. `owned` as in `train_in_order`.
-    """
-    orders = _epoch_orders_batch(keys, num_samples, index_rows.shape[1], self.epochs)
-    params, anchor = self._working_copy(params, owned)
-    if self.loop == "rolled":
-      return _run_batch(self, mesh, params, anchor, x_all, y_all, index_rows, orders, num_samples, lr,
-                        jnp.int32(0), jnp.int32(total_steps), None, aux)
-    t0 = 0
-    for count in self.chunk_sizes(total_steps):
-      params = _run_batch(self, mesh, params, anchor, x_all, y_all, index_rows, orders, num_samples, lr,
-                          jnp.int32(t0), None, count, aux)
-      t0 += count
-    return params
-
-
-_epoch_orders_jit = jax.jit(epoch_orders, static_argnums=(2, 3))
-
-
-@functools.partial(jax.jit, static_argnums=(3, 4))
-def _job_orders(clients_key, job_id, num_samples, max_samples, epochs):
+@functools.partial(jax.jit, static_argnames=("max_samples", "epochs"))
+def _job_orders(clients_key, job_id, num_samples, *, max_samples, epochs):
+  """The epoch orders of job `job_id` (`epoch_orders` under the key fold_in(clients_key, job_id)) in one
+  compiled call: the executor's per-job key and shuffle cost the host one dispatch, not two."""
   return epoch_orders(jax.random.fold_in(clients_key, job_id), num_samples, max_samples, epochs)
 
 
@@ -286,42 +329,46 @@ _epoch_orders_batch = jax.jit(jax.vmap(epoch_orders, in_axes=(0, 0, None, None))
 _copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
 
 
-# The calls of a job's chain donate their input `params` (module docstring: why).
-@functools.partial(jax.jit, static_argnums=(0, 1, 12), donate_argnames=("params",))
-def _run_batch(trainer, mesh, params, anchor, x_all, y_all, index_rows, orders, n, lr, t0, total, count, aux=()):
+# The jitted wrappers take the parameters apart from the rest of the StepState (anchor, lr): the calls of a
+# job's chain donate their input `params` (module docstring: why), and never the anchor or the lr.
+@functools.partial(jax.jit, static_argnames=("trainer", "mesh", "count"), donate_argnames=("params",))
+def _run_batch(params, anchor, lr, data, t0, total, aux=(), *, trainer, mesh, count):
   """`count` unrolled steps (or `total` rolled steps) of J clients, vmapped, optionally sharded over `mesh`."""
 
-  def clients(params, anchor, x_all, y_all, index_rows, orders, n, lr, t0, total, aux):
-    def one(params, anchor, index_row, orders, n, lr, aux):
+  def clients(params, anchor, lr, data, t0, total, aux):
+    def one(params, anchor, lr, data, aux):
       steps = total if count is None else count
-      return trainer.run_steps(params, anchor, x_all, y_all, index_row, orders, n, lr, t0, steps, aux)
+      return trainer._steps(StepState(params, anchor, lr), data, t0, count=steps, aux=aux).params
 
-    return jax.vmap(one)(params, anchor, index_rows, orders, n, lr, aux)
+    # The data are shared by every client; the rest has a leading client axis.
+    per_client = ClientData(x_all=None, y_all=None, index_row=0, orders=0, num_samples=0)
+    return jax.vmap(one, in_axes=(0, 0, 0, per_client, 0))(params, anchor, lr, data, aux)
 
-  args = (params, anchor, x_all, y_all, index_rows, orders, n, lr, t0, total, aux)
+  args = (params, anchor, lr, data, t0, total, aux)
   if mesh is None:
     return clients(*args)
   split, whole = jax.sharding.PartitionSpec("clients"), jax.sharding.PartitionSpec()
   # The data and the step counters are replicated on every device; every per-client argument is split.
-  specs = (split, split, whole, whole, split, split, split, split, whole, whole, split)
+  specs = (split, split, split, ClientData(whole, whole, split, split, split), whole, whole, split)
   return jax.shard_map(clients, mesh=mesh, in_specs=specs, out_specs=split, check_vma=False)(*args)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 11, 12), donate_argnames=("params",))
-def _run_batches(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr, epoch, start, count, rows, aux=()):
-  return trainer.run_batches(params, anchor, x_all, y_all, index_row, orders, n, lr, epoch, start, count, rows, aux)
+@functools.partial(jax.jit, static_argnames=("trainer", "count", "rows"), donate_argnames=("params",))
+def _run_batches(params, anchor, lr, data, epoch, start, aux=(), *, trainer, count, rows):
+  return trainer._batches(StepState(params, anchor, lr), data, epoch, start, count=count, rows=rows, aux=aux).params
 
 
-@functools.partial(jax.jit, static_argnums=(0, 10))
-def _run_epochs(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr, full, rest, aux=()):
-  return trainer.run_epochs(params, anchor, x_all, y_all, index_row, orders, n, lr, full, rest, aux)
+@functools.partial(jax.jit, static_argnames=("trainer", "rest"))
+def _run_job(params, anchor, lr, data, clients_key, job_id, full, aux=(), *, trainer, rest):
+  """Job `job_id`'s every epoch, rolled, under its shuffle (`_job_orders`), drawn inside the same program."""
+  orders = epoch_orders(jax.random.fold_in(clients_key, job_id), data.num_samples, data.index_row.shape[0],
+                        trainer.epochs)
+  return _run_epochs(params, anchor, lr, data.replace(orders=orders), full, aux, trainer=trainer, rest=rest)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 11))
-def _run_job(trainer, params, anchor, x_all, y_all, index_row, clients_key, job_id, n, lr, full, rest, aux=()):
-  """`_run_epochs` under job `job_id`'s shuffle (`job_orders`), drawn inside the same program."""
-  orders = epoch_orders(jax.random.fold_in(clients_key, job_id), n, index_row.shape[0], trainer.epochs)
-  return _run_epochs(trainer, params, anchor, x_all, y_all, index_row, orders, n, lr, full, rest, aux)
+@functools.partial(jax.jit, static_argnames=("trainer", "rest"))
+def _run_epochs(params, anchor, lr, data, full, aux=(), *, trainer, rest):
+  return trainer._epochs(StepState(params, anchor, lr), data, full, rest=rest, aux=aux).params
 
 
 def resolve_loop(loop: str, platform: str | None = None, convolutional: bool = True) -> str:
@@ -339,7 +386,6 @@ def proximal_term(mu: float) -> Regularizer:
   """FedProx's μ/2 ||w − w_dispatch||², the local regulariser FedAsync's clients use."""
 
   def term(params: Params, anchor: Params) -> jax.Array:
-    sq = sum(jnp.sum((p - a) ** 2) for p, a in zip(jax.tree.leaves(params), jax.tree.leaves(anchor)))
-    return 0.5 * mu * sq
+    return 0.5 * mu * squared_distance(params, anchor)
 
   return term

@@ -14,7 +14,9 @@ Params = Any
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _batch_stats(apply_fn, params, x, y, mask):
+def batch_stats(apply_fn: Callable, params: Params, x: jax.Array, y: jax.Array,
+                mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(correct predictions, summed cross-entropy) over the real samples (`mask`) of one padded test batch."""
   logits = apply_fn(params, x)
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
   correct = (jnp.argmax(logits, -1) == y).astype(jnp.float32)
@@ -37,7 +39,7 @@ def make_evaluator(apply_fn: Callable, x_test: jax.Array, y_test: jax.Array,
   def evaluate(params: Params) -> dict[str, float]:
     correct = total_loss = 0.0
     for start in range(0, n + pad, b):
-      c, l = _batch_stats(apply_fn, params, x[start:start + b], y[start:start + b], mask[start:start + b])
+      c, l = batch_stats(apply_fn, params, x[start:start + b], y[start:start + b], mask[start:start + b])
       correct, total_loss = correct + c, total_loss + l
     return {"test_accuracy": float(correct) / n, "test_loss": float(total_loss) / n}
 
@@ -70,7 +72,7 @@ def make_personal_evaluator(apply_fn: Callable, x_all: jax.Array, y_all: jax.Arr
       idx = jnp.asarray(np.concatenate([rows, np.zeros(pad, np.int64)]))
       mask = (jnp.arange(len(rows) + pad) < len(rows)).astype(jnp.float32)
       for start in range(0, len(rows) + pad, b):
-        c, _ = _batch_stats(apply_fn, models[int(m)], x_all[idx[start:start + b]], y_all[idx[start:start + b]],
+        c, _ = batch_stats(apply_fn, models[int(m)], x_all[idx[start:start + b]], y_all[idx[start:start + b]],
                             mask[start:start + b])
         correct += float(c)
     return correct / total if total else float("nan")

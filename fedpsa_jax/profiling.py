@@ -1,13 +1,17 @@
-"""Compiled cost and measured time of every jitted piece of a run (to check that the sensitivity
-costs what the paper promises, Sec. 6.5 / Fig. 5).
+"""Compiled cost and measured time of every jitted piece of a run.
 
 For the configured model and data, each piece is compiled once, then reported with:
 - `gflops` and `gbytes` from XLA's cost analysis of the compiled program. XLA counts a loop body
-  once, so pieces are costed loop-free: local training as the sum of its unrolled chunks, the
-  factored Fisher through its loop-free twin (`conv_loop='batched'`, the same matmuls), evaluation as
-  its number of batches times one batch;
+  once, so pieces are costed loop-free: local training as the sum of its unrolled programs
+  (`LocalTrainer.update_programs`), evaluation as its number of batches times one batch, a method's
+  looped pieces through loop-free twins (FedPSA's factored Fisher: `conv_loop='batched'`, the same matmuls);
 - `temp_mb`: the largest temporary buffer allocation of its compiled programs (memory analysis);
 - `ms`: the median wall time over `repeats` calls after a warm-up, each ended by `block_until_ready`.
+
+The pieces every method has are profiled here: one SGD step (and the partial batch's), one client update,
+evaluation, and each strategy's server step. A method's own pieces come from its plug-in in
+`fedpsa_jax/profilers/` (FedPSA's Fisher, sensitivity and sketch: `profilers/fedpsa.py`), loaded by name
+when the configured method is that one.
 
 `profile(config)` returns the rows as a list of dicts (a notebook makes a DataFrame of them);
 `launch.py --mode=profile` prints them as a table and writes `profile.json`; with a trace directory,
@@ -28,10 +32,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fedpsa_jax import fisher, local, sensitivity, strategies
-from fedpsa_jax.strategies.fedpsa import calibration_batch
-
-CALIBRATION_SIZES = (16, 32, 128, 512)
+from fedpsa_jax import local, metrics, profilers, strategies
 
 
 def compiled_cost(fn: Callable, *args) -> dict[str, float]:
@@ -84,6 +85,8 @@ class Profiler:
     self.apply_fn = self.sim.model.apply
     self.rows: list[dict[str, Any]] = []
 
+  cost = staticmethod(compiled_cost)  # (for the plug-ins, which do not import this module)
+
   def _timed(self, name: str, call: Callable[[], Any]) -> float:
     annotation = jax.profiler.TraceAnnotation(name) if self.trace else contextlib.nullcontext()
     with annotation:
@@ -101,68 +104,39 @@ class Profiler:
     client = int(np.argsort(fed.client_sizes)[len(fed.client_sizes) // 2])  # the median-sized client
     n, row, key = int(fed.client_sizes[client]), fed.client_indices[client], jax.random.key(0)
     orders = local.epoch_orders(key, jnp.int32(n), row.shape[0], trainer.epochs)
-    args = (self.params, self.params, fed.x_train, fed.y_train, row, orders, jnp.int32(n), jnp.float32(0.01))
-    one_step = functools.partial(trainer.sgd_step, t=jnp.int32(0))
+    state = local.StepState(params=self.params, anchor=self.params, lr=jnp.float32(0.01))
+    data = local.ClientData(x_all=fed.x_train, y_all=fed.y_train, index_row=row, orders=orders,
+                            num_samples=jnp.int32(n))
+    one_step = lambda state, data: trainer.sgd_step(state, data, jnp.int32(0)).params
     one_step_jit = jax.jit(one_step)  # (built once: a new wrapper per timed call dispatches slowly)
-    self.add("sgd_step", compiled_cost(one_step, *args), lambda: one_step_jit(*args),
+    self.add("sgd_step", compiled_cost(one_step, state, data), lambda: one_step_jit(state, data),
              batch=trainer.batch_size)
     steps = local.num_local_steps(n, trainer.batch_size, trainer.epochs)
     full, rest = trainer.epoch_plan(n)
     if rest:  # the partial batch of each epoch runs at `rest` rows (see LocalTrainer.epoch_plan)
       slot = full * trainer.batch_size + jnp.arange(rest)
-
-      def partial_step(params, anchor, x_all, y_all, index_row, order, num_samples, lr):
-        return trainer.batch_step(params, anchor, x_all, y_all, index_row, order, slot, num_samples, lr)
-
-      partial_args = (*args[:5], orders[0], jnp.int32(n), jnp.float32(0.01))
+      partial_step = lambda state, data, order: trainer.batch_step(state, data, order, slot).params
       partial_jit = jax.jit(partial_step)
-      self.add("sgd_step_partial", compiled_cost(partial_step, *partial_args), lambda: partial_jit(*partial_args),
-               batch=rest)
-    if trainer.loop == "rolled":
-      chunk_costs = [compiled_cost(functools.partial(trainer.run_steps, count=c), *args, jnp.int32(0))
-                     for c in trainer.chunk_sizes(steps)]
-    else:  # every epoch makes the same calls; each distinct (count, rows) program is compiled once here
-      shapes = [(count, rows) for _, count, rows in trainer.epoch_calls(n)]
-      program = {(count, rows): compiled_cost(functools.partial(trainer.run_batches, count=count, rows=rows), *args,
-                                              jnp.int32(0), jnp.int32(0)) for count, rows in set(shapes)}
-      chunk_costs = [program[shape] for _ in range(trainer.epochs) for shape in shapes]
-    self.add("client_update", _summed(chunk_costs),
-             lambda: trainer.train(self.params, fed.x_train, fed.y_train, row, n, 0.01, key),
+      self.add("sgd_step_partial", compiled_cost(partial_step, state, data, orders[0]),
+               lambda: partial_jit(state, data, orders[0]), batch=rest)
+    programs = trainer.update_programs(state, data.replace(num_samples=n))
+    cost = _summed([_scaled(compiled_cost(fn, *args), times) for times, fn, args in programs])
+    self.add("client_update", cost,
+             lambda: trainer.train_job(self.params, x_all=fed.x_train, y_all=fed.y_train, index_row=row,
+                                       num_samples=n, lr=0.01, clients_key=key, job_id=0),
              steps=steps, samples=n, full_batches=trainer.epochs * full, partial_batches=trainer.epochs * (rest > 0),
              partial_rows=rest)
 
-  def sensitivity_pieces(self, sizes: Sequence[int]) -> None:
-    c, ctx = self.config, self.sim.strategy.ctx
-    for size in sizes:
-      x, y = calibration_batch(ctx, c.fedpsa.calibration, size)
-      chunk = c.runtime.fisher_chunk_size
-      # The batch is an argument, not a closed-over constant: XLA would constant-fold its im2col.
-      reference = lambda p, x, y: sensitivity.fisher_diagonal(self.apply_fn, p, x, y, chunk_size=chunk,
-                                                               method="per_sample")
-      self._add_on_batch("fisher_per_sample", reference, x, y, calibration=size, chunk=chunk)
-      if fisher.flax_module_of(self.apply_fn) is not None:
-        factored = lambda p, x, y: fisher.gradient_and_fisher(self.apply_fn, p, x, y)
-        loop_free = lambda p, x, y: fisher.gradient_and_fisher(self.apply_fn, p, x, y, conv_loop="batched")
-        cost = compiled_cost(loop_free, self.params, x, y)
-        cost["temp_bytes"] = compiled_cost(factored, self.params, x, y)["temp_bytes"]  # the path that runs
-        self.add("fisher_factored", cost, functools.partial(jax.jit(factored), self.params, x, y),
-                 calibration=size)
-      eq8 = lambda p, x, y: sensitivity.sensitivity(self.apply_fn, p, x, y, chunk_size=chunk,
-                                                    method=c.runtime.fisher)
-      self._add_on_batch("sensitivity_eq8", eq8, x, y, calibration=size, note="g + Fisher + Eq. 8")
-    d = sensitivity.num_params(self.params)
-    R = sensitivity.projection_matrix(jax.random.key(0), c.fedpsa.sketch_dim, d)
-    self.add("sketch", compiled_cost(sensitivity.sketch, R, self.params),
-             functools.partial(jax.jit(sensitivity.sketch), R, self.params), k=c.fedpsa.sketch_dim, d=d)
-    # What a FedPSA client adds to its update: g, Fisher, Eq. 8 and the sketch, on the configured calibration
-    # batch and Fisher path (costed here as one program; a run makes it two calls: sensitivity.sketch_of).
-    x, y = calibration_batch(ctx, c.fedpsa.calibration, c.fedpsa.calibration_size)
-    whole = lambda p, x, y: sensitivity._sketch_of(self.apply_fn, p, R, x, y, chunk_size=c.runtime.fisher_chunk_size,
-                                                   use_sensitivity=True, method=c.runtime.fisher)
-    self._add_on_batch("client_sensitivity_sketch", whole, x, y, calibration=c.fedpsa.calibration_size,
-                       note=f"Fisher path {sensitivity.resolve_fisher_method(self.apply_fn, c.runtime.fisher)}")
+  def method_pieces(self, **options) -> None:
+    """The configured method's own pieces, from its plug-in (`fedpsa_jax/profilers/`; none: nothing to add).
+    `options` are the plug-in's (FedPSA's `calibration_sizes`)."""
+    plugin = profilers.for_method(self.config.method)
+    if plugin is not None:
+      plugin(self, **options)
+    elif options:
+      raise TypeError(f"{self.config.method} has no profiling plug-in to take {', '.join(sorted(options))}")
 
-  def _add_on_batch(self, name: str, fn: Callable, x: jax.Array, y: jax.Array, **extra) -> None:
+  def add_on_batch(self, name: str, fn: Callable, x: jax.Array, y: jax.Array, **extra) -> None:
     """Costs and times `fn(params, x, y)`, the batch passed as arguments."""
     self.add(name, compiled_cost(fn, self.params, x, y), functools.partial(jax.jit(fn), self.params, x, y),
              **extra)
@@ -171,8 +145,7 @@ class Profiler:
     fed = self.sim.fed
     n, b = int(fed.x_test.shape[0]), min(self.config.eval.batch_size, int(fed.x_test.shape[0]))
     batches = -(-n // b)
-    from fedpsa_jax.metrics import _batch_stats
-    one = functools.partial(_batch_stats, self.apply_fn)
+    one = functools.partial(metrics.batch_stats, self.apply_fn)
     cost = compiled_cost(one, self.params, fed.x_test[:b], fed.y_test[:b], jnp.ones((b,), jnp.float32))
     self.add("evaluate", _scaled(cost, batches), lambda: self.sim.evaluate(self.params)["test_accuracy"],
              samples=n, batches=batches)
@@ -230,19 +203,20 @@ def _arrivals_for_a_round(strategy: strategies.Strategy, state: Any, fed: Any,
   raise RuntimeError(f"{strategy.name}: no round after {limit} arrivals")
 
 
-def profile(config: ml_collections.ConfigDict, *, repeats: int = 5,
-            calibration_sizes: Sequence[int] = CALIBRATION_SIZES, methods: Sequence[str] | None = None,
-            trace_dir: str | None = None) -> list[dict[str, Any]]:
+def profile(config: ml_collections.ConfigDict, *, repeats: int = 5, methods: Sequence[str] | None = None,
+            trace_dir: str | None = None, **method_options) -> list[dict[str, Any]]:
   """Every piece of the configured run, costed and timed: a list of rows (dicts).
 
   `methods`: whose server step to profile (default: every registered method that applies).
   `trace_dir`: also write a `jax.profiler` trace there (open it in TensorBoard or Perfetto).
+  `method_options`: for the configured method's plug-in (`Profiler.method_pieces`), e.g. FedPSA's
+  `calibration_sizes`.
   """
   trace = jax.profiler.trace(trace_dir) if trace_dir else contextlib.nullcontext()
   with trace:
     profiler = Profiler(config, repeats=repeats, trace=trace_dir is not None)
     profiler.local_training()
-    profiler.sensitivity_pieces(calibration_sizes)
+    profiler.method_pieces(**method_options)
     profiler.evaluation()
     profiler.server_steps(methods)
   rows = profiler.rows

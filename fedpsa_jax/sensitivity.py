@@ -232,24 +232,6 @@ def cosine_similarity(a: jax.Array, b: jax.Array, eps: float = 1e-12) -> jax.Arr
   return dot / jnp.maximum(norms, eps)
 
 
-def _sketch_of(
-    apply_fn: ApplyFn,
-    params: Params,
-    R: jax.Array,
-    x: jax.Array,
-    y: jax.Array,
-    *,
-    chunk_size: int | None,
-    use_sensitivity: bool,
-    method: str = "auto",
-) -> jax.Array:
-  """R @ vec(s(Θ)) (Eqs. 8, 11), or R @ vec(Θ) for the `no_sensitivity` ablation (inside jit; outside it,
-  `sketch_of` runs the same as two compiled calls)."""
-  if not use_sensitivity:
-    return sketch(R, params)
-  return sketch(R, sensitivity(apply_fn, params, x, y, chunk_size=chunk_size, method=method))
-
-
 @functools.partial(jax.jit, static_argnums=0, static_argnames=("chunk_size", "method"))
 def _sensitivity_of(apply_fn: ApplyFn, params: Params, x: jax.Array, y: jax.Array, *, chunk_size: int | None,
                     method: str) -> Params:
@@ -266,44 +248,23 @@ def sketch_of(
     x: jax.Array,
     y: jax.Array,
     *,
-    chunk_size: int | None,
-    use_sensitivity: bool,
-    method: str = "auto",
-) -> jax.Array:
-  """`_sketch_of` as two compiled calls, the sensitivity (Eq. 8) and then its projection (Eq. 11), for use
-  outside jit. Not one: compiled into the sensitivity's program, the projection made the whole ~40% slower
-  on XLA:CPU (MNIST CNN, 32 calibration samples: 53 ms against 32 ms median, the same bits)."""
-  if not use_sensitivity:
-    return _project(R, params)
-  return _project(R, _sensitivity_of(apply_fn, params, x, y, chunk_size=chunk_size, method=method))
-
-
-def make_sketch_fn(
-    apply_fn: ApplyFn,
-    calib_x: jax.Array,
-    calib_y: jax.Array,
-    R: jax.Array,
-    *,
     chunk_size: int | None = None,
     use_sensitivity: bool = True,
     method: str = "auto",
-) -> Callable[[Params], jax.Array]:
-  """A compiled `params -> k-vector`: the sensitivity sketch R s(Θ) on the calibration batch.
+) -> jax.Array:
+  """The sensitivity sketch s̃ = R vec(s(Θ)) of Eqs. 8 and 11 on the calibration batch (x, y); with
+  `use_sensitivity=False`, R vec(Θ) (FedPSA's `no_sensitivity` ablation). `chunk_size` and `method` choose
+  the Fisher path (`fisher_diagonal`).
 
-  With `use_sensitivity=False` it sketches the raw parameters, R vec(Θ) (FedPSA's `no_sensitivity`
-  ablation). The calibration batch and R are put on the device once and passed to the jitted
-  function as arguments rather than captured as constants, so the 100 MB-scale R is neither baked
-  into the compiled program nor copied per call.
+  Two compiled calls, the sensitivity (Eq. 8) and then its projection (Eq. 11); not one: compiled into the
+  sensitivity's program, the projection made the whole ~40% slower on XLA:CPU (MNIST CNN, 32 calibration
+  samples: 53 ms against 32 ms median, the same bits). R and the batch are arguments, so give them as device arrays made once: a closed-over R (100 MB-scale) would be
+  baked into the program, and a host array copied at every call. Traced inside another jit, the two calls
+  are inlined into its program.
   """
-  calib_x = jnp.asarray(calib_x)
-  calib_y = jnp.asarray(calib_y)
-  R = jnp.asarray(R)
-
-  def sketch_fn(params: Params) -> jax.Array:
-    return sketch_of(apply_fn, params, R, calib_x, calib_y, chunk_size=chunk_size,
-                     use_sensitivity=use_sensitivity, method=method)
-
-  return sketch_fn
+  if not use_sensitivity:
+    return _project(R, params)
+  return _project(R, _sensitivity_of(apply_fn, params, x, y, chunk_size=chunk_size, method=method))
 
 
 def num_params(params: Params) -> int:

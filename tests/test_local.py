@@ -43,6 +43,18 @@ def reference_train(model, params, x, y, index_row, n, lr, key, batch_size, epoc
   return params
 
 
+def train(trainer, params, x, y, index_row, n, lr, key, **kwargs):
+  """One client update through the public entry point, as job 0 under `key`: its samples are shuffled under
+  fold_in(key, 0) (`job_key`)."""
+  return trainer.train_job(params, x_all=x, y_all=y, index_row=index_row, num_samples=n, lr=lr, clients_key=key,
+                           job_id=0, **kwargs)
+
+
+def job_key(key):
+  """The key `train` shuffles under."""
+  return jax.random.fold_in(key, 0)
+
+
 def assert_trees_close(a, b, steps):
   """Equal up to float32 rounding: a gradient element sums a batch of at most 32 samples times a layer's
   fan-in of 16, and each of `steps` SGD steps starts from the last one's rounded parameters."""
@@ -54,8 +66,8 @@ def test_masked_partial_batches_equal_unpadded_training(problem, loop, max_unrol
   model, params, x, y, index_row = problem
   trainer = local.LocalTrainer(model.apply, batch_size=32, epochs=2, loop=loop, max_unroll=max_unroll)
   key = jax.random.key(5)
-  got = trainer.train(params, x, y, index_row, 70, 0.1, key)  # 70 = 32 + 32 + 6: a partial batch
-  want = reference_train(model, params, x, y, index_row, 70, 0.1, key, 32, 2)
+  got = train(trainer, params, x, y, index_row, 70, 0.1, key)  # 70 = 32 + 32 + 6: a partial batch
+  want = reference_train(model, params, x, y, index_row, 70, 0.1, job_key(key), 32, 2)
   assert_trees_close(got, want, steps=2 * 3)
   # Training really moved the parameters (so equality above is not trivial).
   assert max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(params))) > 1e-3
@@ -65,16 +77,17 @@ def test_proximal_term_matches_reference(problem):
   model, params, x, y, index_row = problem
   trainer = local.LocalTrainer(model.apply, 16, 1, regularizer=local.proximal_term(0.5), max_unroll=2)
   key = jax.random.key(1)
-  got = trainer.train(params, x, y, index_row, 40, 0.2, key)
-  assert_trees_close(got, reference_train(model, params, x, y, index_row, 40, 0.2, key, 16, 1, mu=0.5), steps=3)
+  got = train(trainer, params, x, y, index_row, 40, 0.2, key)
+  want = reference_train(model, params, x, y, index_row, 40, 0.2, job_key(key), 16, 1, mu=0.5)
+  assert_trees_close(got, want, steps=3)
 
 
 def test_same_key_same_result_other_key_differs(problem):
   model, params, x, y, index_row = problem
   trainer = local.LocalTrainer(model.apply, 16, 2)
-  a = trainer.train(params, x, y, index_row, 50, 0.1, jax.random.key(3))
-  b = trainer.train(params, x, y, index_row, 50, 0.1, jax.random.key(3))
-  c = trainer.train(params, x, y, index_row, 50, 0.1, jax.random.key(4))
+  a = train(trainer, params, x, y, index_row, 50, 0.1, jax.random.key(3))
+  b = train(trainer, params, x, y, index_row, 50, 0.1, jax.random.key(3))
+  c = train(trainer, params, x, y, index_row, 50, 0.1, jax.random.key(4))
   for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
   assert any(not np.allclose(u, v) for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(c)))
@@ -99,10 +112,10 @@ def test_chunks_cover_steps_exactly_with_few_shapes(total):
 def test_learning_rate_is_traced_no_recompilation(problem):
   model, params, x, y, index_row = problem
   trainer = local.LocalTrainer(model.apply, 32, 1, max_unroll=4)
-  trainer.train(params, x, y, index_row, 64, 0.1, jax.random.key(0))
+  train(trainer, params, x, y, index_row, 64, 0.1, jax.random.key(0))
   before = local._run_batches._cache_size()
   assert before > 0  # the unrolled path went through it
-  trainer.train(params, x, y, index_row, 64, 0.05, jax.random.key(1))
+  train(trainer, params, x, y, index_row, 64, 0.05, jax.random.key(1))
   assert local._run_batches._cache_size() == before
 
 
@@ -154,7 +167,8 @@ def test_train_job_is_the_job_shuffle_then_training(problem, n, mu):
   want = reference_train(model, params, x, y, index_row, n, 0.1, jax.random.fold_in(clients_key, job_id), 32, 2, mu=mu)
   for loop in ("rolled", "unrolled"):
     trainer = local.LocalTrainer(model.apply, batch_size=32, epochs=2, loop=loop, regularizer=regularizer)
-    got = trainer.train_job(params, x, y, index_row, n, np.float32(0.1), clients_key, job_id)
+    got = trainer.train_job(params, x_all=x, y_all=y, index_row=index_row, num_samples=n, lr=np.float32(0.1),
+                            clients_key=clients_key, job_id=job_id)
     assert_trees_close(got, want, steps=2 * local.num_local_steps(n, 32, 1))
 
 
@@ -166,7 +180,7 @@ def test_rolled_job_compiles_once_per_partial_batch_size(problem):
   before = local._run_job._cache_size()
   sizes = range(1, 101)
   for n in sizes:
-    trainer.train_job(params, x, y, index_row, n, np.float32(0.1), jax.random.key(0), n)
+    train(trainer, params, x, y, index_row, n, np.float32(0.1), jax.random.key(0))
   assert local._run_job._cache_size() - before == len({trainer.epoch_plan(n)[1] for n in sizes}) == 4
 
 
@@ -175,9 +189,9 @@ def _spy_chain(monkeypatch, name):
   inputs = []
   original = getattr(local, name)
 
-  def spy(trainer, *args, **kwargs):
-    inputs.append(args[1] if name == "_run_batch" else args[0])  # (_run_batch: mesh comes before params)
-    return original(trainer, *args, **kwargs)
+  def spy(params, *args, **kwargs):
+    inputs.append(params)
+    return original(params, *args, **kwargs)
 
   monkeypatch.setattr(local, name, spy)
   return inputs
@@ -193,11 +207,10 @@ def test_each_step_consumes_the_last_ones_parameters_never_the_callers(problem, 
   regularizer = local.proximal_term(mu) if mu else None
   trainer = local.LocalTrainer(model.apply, batch_size=32, epochs=2, max_unroll=1, regularizer=regularizer)
   key = jax.random.key(5)
-  expected = reference_train(model, params, x, y, index_row, 70, 0.1, key, 32, 2, mu=mu)
+  expected = reference_train(model, params, x, y, index_row, 70, 0.1, job_key(key), 32, 2, mu=mu)
   mine = jax.tree.map(jnp.copy, params)
   inputs = _spy_chain(monkeypatch, "_run_batches")
-  orders = local.epoch_orders(key, jnp.int32(70), index_row.shape[0], 2)
-  got = trainer.train_in_order(mine, x, y, index_row, 70, 0.1, orders, owned=owned)
+  got = train(trainer, mine, x, y, index_row, 70, 0.1, key, owned=owned)
   assert len(inputs) == 6  # 2 epochs x (2 full batches + the partial one)
   assert all(leaf.is_deleted() for tree in inputs[1:] for leaf in jax.tree.leaves(tree))
   consumed = owned and not mu
@@ -214,10 +227,11 @@ def test_batched_chain_consumes_its_stacked_parameters_step_by_step(problem, mon
   inputs = _spy_chain(monkeypatch, "_run_batch")
   rows = jnp.stack([index_row, index_row])
   keys = jax.random.split(jax.random.key(1), 2)
-  got = trainer.train_batch(mine, x, y, rows, jnp.asarray([70, 40], jnp.int32), jnp.asarray([0.1, 0.2]), keys, 3)
+  got = trainer.train_batch(mine, x_all=x, y_all=y, index_rows=rows, num_samples=jnp.asarray([70, 40], jnp.int32),
+                            lr=jnp.asarray([0.1, 0.2]), keys=keys, total_steps=3)
   assert len(inputs) == 3  # 3 steps, one call each (max_unroll 1)
   assert all(leaf.is_deleted() for tree in inputs[1:] for leaf in jax.tree.leaves(tree))
   assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(mine))  # not handed over: a copy was consumed
   for j, (n, lr) in enumerate([(70, 0.1), (40, 0.2)]):
-    one = trainer.train(params, x, y, index_row, n, lr, keys[j])
+    one = reference_train(model, params, x, y, index_row, n, lr, keys[j], 32, 1)  # (batched: keys[j] itself)
     assert_trees_close(jax.tree.map(lambda leaf: leaf[j], got), one, steps=3)

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import profiling, strategies
+from fedpsa_jax import profilers, profiling, strategies
+from fedpsa_jax.profilers import fedpsa as fedpsa_profiler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,7 +26,7 @@ def test_launch_profile_writes_every_piece(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   rows = json.load(open(workdir / "profile.json"))
   pieces = {(r["piece"], r.get("calibration")) for r in rows}
-  for size in profiling.CALIBRATION_SIZES:
+  for size in fedpsa_profiler.CALIBRATION_SIZES:
     for piece in ("fisher_per_sample", "fisher_factored", "sensitivity_eq8"):
       assert (piece, size) in pieces
   names = {r["piece"] for r in rows}
@@ -62,7 +63,23 @@ def test_client_update_cost_is_steps_times_one_step():
 def test_loop_free_twin_counts_every_sample():
   """XLA counts a loop body once; the factored Fisher's cost must grow with the calibration size."""
   c = config_lib.base_config()
+  c.method = "fedpsa"
   profiler = profiling.Profiler(c, repeats=1)
-  profiler.sensitivity_pieces((4, 16))  # 4x the samples: the smallest sizes that show it
+  profiler.method_pieces(calibration_sizes=(4, 16))  # 4x the samples: the smallest sizes that show it
   flops = {r["calibration"]: r["gflops"] for r in profiler.rows if r["piece"] == "fisher_factored"}
   assert flops[16] == pytest.approx(4 * flops[4], rel=0.15)
+
+
+def test_method_pieces_come_from_the_methods_plugin_only():
+  """FedPSA's pieces are its plug-in's, loaded by the method's name; a method without a plug-in adds none."""
+  assert profilers.for_method("fedpsa") is fedpsa_profiler.profile
+  for method in strategies.registered():
+    if method != "fedpsa":
+      assert profilers.for_method(method) is None, method
+
+  # The generic profiler imports no method: FedPSA (and its sensitivity) load only with its plug-in.
+  names = ("strategies.fedpsa", "sensitivity", "profilers.fedpsa")
+  check = f"import sys, fedpsa_jax.profiling; print(sorted(m for m in sys.modules if m.endswith({names})))"
+  proc = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.strip() == "[]"

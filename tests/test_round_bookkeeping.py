@@ -11,7 +11,7 @@ received (before the round it may trigger) minus its dispatch round. So from the
 Three things are checked against that recomputation: what the runner logged (dispatch_round, staleness, lr
 of each update line; round and lr of each metrics line), what the strategy was handed (its `receive` wrapped;
 for FedBuff also the flush weights (1 + τ)^(-1/2) / |buffer| in the round lines, which only the τ it used
-gives), and the lr local training actually ran with (LocalTrainer.train / train_batch wrapped, each call
+gives), and the lr local training actually ran with (LocalTrainer.train_job / train_batch wrapped, each call
 matched to its job by its key fold_in(clients_key, job_id)), so a runner that logs right but trains wrong is
 caught too. The scheduler's own test (test_scheduler.py) checks a copy of this bookkeeping, not the runner's.
 """
@@ -67,19 +67,18 @@ def _run(method: str, execution: str, workdir, monkeypatch) -> Observed:
   train_batch = local.LocalTrainer.train_batch
   train_job = local.LocalTrainer.train_job
 
-  def spy_train_job(self, params, x_all, y_all, index_row, num_samples, lr, clients_key, job_id, aux=(), owned=False):
+  def spy_train_job(self, params, **kwargs):
     # (The loop executor trains each job with one train_job call, its shuffle from fold_in(clients key, job id).)
+    clients_key = kwargs["clients_key"]
     assert _key_bits(clients_key)[0].tolist() == _key_bits(seeding.device_key(config.seed, "clients"))[0].tolist()
-    trained_ids.append((int(job_id), float(lr)))
-    return train_job(self, params, x_all, y_all, index_row, num_samples, lr, clients_key, job_id, aux=aux,
-                     owned=owned)
+    trained_ids.append((int(kwargs["job_id"]), float(kwargs["lr"])))
+    return train_job(self, params, **kwargs)
 
-  def spy_train_batch(self, params, x_all, y_all, index_rows, num_samples, lr, keys, total_steps, aux=(), mesh=None,
-                      owned=False):
-    for bits, rate, n in zip(_key_bits(keys), np.asarray(lr), np.asarray(num_samples)):
+  def spy_train_batch(self, params, **kwargs):
+    for bits, rate, n in zip(_key_bits(kwargs["keys"]), np.asarray(kwargs["lr"]), np.asarray(kwargs["num_samples"])):
       if n > 0:  # (0 samples: an inert padding copy)
         trained.append((tuple(bits), float(rate)))
-    return train_batch(self, params, x_all, y_all, index_rows, num_samples, lr, keys, total_steps, aux, mesh, owned)
+    return train_batch(self, params, **kwargs)
 
   monkeypatch.setattr(local.LocalTrainer, "train_job", spy_train_job)
   monkeypatch.setattr(local.LocalTrainer, "train_batch", spy_train_batch)

@@ -376,13 +376,13 @@ def test_sketch_preserves_cosine_on_average():
   assert errors[-1] < 0.05
 
 
-def test_make_sketch_fn_matches_numpy():
+def test_sketch_of_matches_numpy():
   apply_fn, params, x, y = _setup(TinyMLP(), (6, 6, 1), 10, seed=4)
   d = S.num_params(params)
   assert d == 6 * 6 * 16 + 16 + 16 * 10 + 10
   R = S.projection_matrix(jax.random.key(9), 16, d)
   Rn = np.asarray(R, np.float64)
-  raw = S.make_sketch_fn(apply_fn, x, y, R, use_sensitivity=False)(params)
+  raw = S.sketch_of(apply_fn, params, R, x, y, use_sensitivity=False)
   assert_close(raw, Rn @ _flatten(params), f32_tolerance(d))
 
   # Sensitivity sketch: R @ (hand-flattened Eq. 8 built from the per-sample loop).
@@ -391,21 +391,24 @@ def test_make_sketch_fn_matches_numpy():
   s = jax.tree.map(lambda g_, f_, t: np.abs(g_ * t - 0.5 * f_ * t**2), g, f, th)
   want = Rn @ _flatten(s)
   for chunk in (None, 4):
-    got = S.make_sketch_fn(apply_fn, x, y, R, chunk_size=chunk)(params)
+    got = S.sketch_of(apply_fn, params, R, x, y, chunk_size=chunk)
     assert got.shape == (16,)
     assert_close(got, want, _tol(x) + f32_tolerance(d))  # Eq. 8's rounding, then d products per entry
 
 
 @pytest.mark.parametrize("use_sensitivity", [True, False])
 def test_sketch_of_in_two_calls_is_the_one_program(use_sensitivity):
-  """`sketch_of` (the sensitivity, then the projection, as two compiled calls) equals `_sketch_of` compiled as
-  one program, up to the summation order of the projection's d products."""
+  """`sketch_of` (the sensitivity, then the projection, as two compiled calls) equals Eqs. 8 and 11 compiled
+  as one program, up to the summation order of the projection's d products."""
   apply_fn, params, x, y = _setup(TinyMLP(), (6, 6, 1), 10, seed=5)
   d = S.num_params(params)
   R = S.projection_matrix(jax.random.key(3), 16, d)
-  kwargs = dict(chunk_size=4, use_sensitivity=use_sensitivity, method="auto")
-  got = S.sketch_of(apply_fn, params, R, x, y, **kwargs)
-  want = jax.jit(functools.partial(S._sketch_of, apply_fn, **kwargs))(params, R, x, y)
+  got = S.sketch_of(apply_fn, params, R, x, y, chunk_size=4, use_sensitivity=use_sensitivity, method="auto")
+
+  def one_program(p, R, x, y):
+    return S.sketch(R, S.sensitivity(apply_fn, p, x, y, chunk_size=4, method="auto") if use_sensitivity else p)
+
+  want = jax.jit(one_program)(params, R, x, y)
   assert float(jnp.max(jnp.abs(want))) > 0
   assert_close(got, want, f32_tolerance(d))
 

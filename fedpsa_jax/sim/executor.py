@@ -315,9 +315,9 @@ class LoopExecutor(ClientExecutor):
     params, aux = (job.params_start, job.aux) if device == self.home else \
         jax.device_put((job.params_start, job.aux), device)
     # A copy on another device is this job's own: its first step may consume it (local.py, donation).
-    params_end = self.trainer.train_job(params, x_all, y_all, self.device_rows[device][client], num_samples,
-                                        job.lr, self.device_keys[device], job.dispatch.job_id, aux=aux,
-                                        owned=device != self.home)
+    params_end = self.trainer.train_job(params, x_all=x_all, y_all=y_all, index_row=self.device_rows[device][client],
+                                        num_samples=num_samples, lr=job.lr, clients_key=self.device_keys[device],
+                                        job_id=job.dispatch.job_id, aux=aux, owned=device != self.home)
     self.stats.batches += 1
     self.stats.jobs += 1
     self.stats.steps_needed += steps
@@ -394,8 +394,9 @@ class BatchedExecutor(ClientExecutor):
     if self.mesh is not None:  # each device gets its share of the clients
       per_client = jax.device_put(per_client, self.split)
     params_start, index_rows, sizes, lrs, keys, aux = per_client
-    params_end = self.trainer.train_batch(params_start, self.x_all, self.y_all, index_rows, sizes, lrs, keys,
-                                          total_steps, aux, self.mesh, owned=True)  # (`_stack` made them)
+    params_end = self.trainer.train_batch(params_start, x_all=self.x_all, y_all=self.y_all, index_rows=index_rows,
+                                          num_samples=sizes, lr=lrs, keys=keys, total_steps=total_steps, aux=aux,
+                                          mesh=self.mesh, owned=True)  # (`_stack` made them)
     if self.mesh is not None:  # results back on the default device, where the server state lives
       params_end = jax.device_put(params_end, self.home)
     self._finish(batch, _unstack(params_end, real))

@@ -1,0 +1,49 @@
+"""FedPSA's pieces for `--mode=profile`: the Fisher diagonal (Eq. 6) on both paths and the sensitivity (Eq. 8)
+at several calibration sizes, the sketch (Eq. 11), and what a client adds to its update (g, Fisher, Eq. 8 and
+the sketch on the configured calibration batch). The paper's claim under test: the sensitivity costs little
+beside local training (Sec. 6.5, Fig. 5). Rows and their names: docs/profiling.md.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import jax
+
+from fedpsa_jax import fisher, sensitivity
+from fedpsa_jax.strategies.fedpsa import calibration_batch
+
+CALIBRATION_SIZES = (16, 32, 128, 512)
+
+
+def profile(profiler: Any, calibration_sizes: Sequence[int] = CALIBRATION_SIZES) -> None:
+  """Adds FedPSA's rows to `profiler` (a `profiling.Profiler`): per size in `calibration_sizes`,
+  `fisher_per_sample`, `fisher_factored` (Flax models) and `sensitivity_eq8`; then `sketch` and
+  `client_sensitivity_sketch`."""
+  c, ctx, apply_fn, params = profiler.config, profiler.sim.strategy.ctx, profiler.apply_fn, profiler.params
+  chunk = c.runtime.fisher_chunk_size
+  for size in calibration_sizes:
+    x, y = calibration_batch(ctx, c.fedpsa.calibration, size)
+    # The batch is an argument, not a closed-over constant: XLA would constant-fold its im2col.
+    reference = lambda p, x, y: sensitivity.fisher_diagonal(apply_fn, p, x, y, chunk_size=chunk, method="per_sample")
+    profiler.add_on_batch("fisher_per_sample", reference, x, y, calibration=size, chunk=chunk)
+    if fisher.flax_module_of(apply_fn) is not None:
+      factored = lambda p, x, y: fisher.gradient_and_fisher(apply_fn, p, x, y)
+      loop_free = lambda p, x, y: fisher.gradient_and_fisher(apply_fn, p, x, y, conv_loop="batched")
+      cost = profiler.cost(loop_free, params, x, y)
+      cost["temp_bytes"] = profiler.cost(factored, params, x, y)["temp_bytes"]  # the path that runs
+      profiler.add("fisher_factored", cost, functools.partial(jax.jit(factored), params, x, y), calibration=size)
+    eq8 = lambda p, x, y: sensitivity.sensitivity(apply_fn, p, x, y, chunk_size=chunk, method=c.runtime.fisher)
+    profiler.add_on_batch("sensitivity_eq8", eq8, x, y, calibration=size, note="g + Fisher + Eq. 8")
+  d = sensitivity.num_params(params)
+  R = sensitivity.projection_matrix(jax.random.key(0), c.fedpsa.sketch_dim, d)
+  profiler.add("sketch", profiler.cost(sensitivity.sketch, R, params),
+               functools.partial(jax.jit(sensitivity.sketch), R, params), k=c.fedpsa.sketch_dim, d=d)
+  # What a FedPSA client adds to its update: g, Fisher, Eq. 8 and the sketch, on the configured calibration
+  # batch and Fisher path (costed and timed here as one program; a run makes it two calls: sensitivity.sketch_of).
+  x, y = calibration_batch(ctx, c.fedpsa.calibration, c.fedpsa.calibration_size)
+  whole = lambda p, x, y: sensitivity.sketch(R, sensitivity.sensitivity(apply_fn, p, x, y, chunk_size=chunk,
+                                                                        method=c.runtime.fisher))
+  profiler.add_on_batch("client_sensitivity_sketch", whole, x, y, calibration=c.fedpsa.calibration_size,
+                        note=f"Fisher path {sensitivity.resolve_fisher_method(apply_fn, c.runtime.fisher)}")
