@@ -213,10 +213,10 @@ def test_nothing_compiles_inside_the_loop_once_warm(method):
   so the thermometer is on), the next ~100 client updates compile nothing (no jit cache rebuilt per event)."""
   sim = runner.Simulation(small_config(method, days=0.05, partition__method="iid", runtime__execution="loop"))
   sim.run_until(0.02)
-  warm, updates = sim.compiles.count, sim.client_updates
+  warm, updates = sim.compiles.count, sim.loop.client_updates
   assert warm > 0 and updates > 50
   sim.run_until(0.05)
-  assert sim.client_updates - updates > 90
+  assert sim.loop.client_updates - updates > 90
   assert sim.compiles.count == warm
   assert sim.finish()["compiles"] == warm
 
@@ -481,7 +481,7 @@ def test_loop_counts_each_second_of_client_compute_once(jobs_ahead):
 
   sim.executor._timed = tracked
   sim.run()
-  assert depth["spans"] >= (2 if jobs_ahead == 0 else 1) * sim.client_updates and depth["max"] == 1
+  assert depth["spans"] >= (2 if jobs_ahead == 0 else 1) * sim.loop.client_updates and depth["max"] == 1
 
 
 @pytest.mark.parametrize("method", ["fedpsa", "ca2fl"])
@@ -494,7 +494,7 @@ def test_a_vmap_run_resumes_bit_for_bit(method, tmp_path):
   config = lambda: set_fields(resumable_config(method), {"runtime.execution": "vmap"})
   runner.Simulation(config(), str(tmp_path / "whole")).run()
   first = runner.Simulation(config(), str(tmp_path / "cut"))
-  assert first.execution == "vmap"
+  assert first.parts.execution == "vmap"
   first.run_until(0.0135)  # past the checkpoint at 0.01 and the evaluations at 0.0125
   first.close()
   runner.Simulation(config(), str(tmp_path / "cut")).run()

@@ -53,7 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedpsa_jax import choices, local, strategies
+from fedpsa_jax import checkpoint, choices, local, strategies
 from fedpsa_jax.compiles import CompileCounter
 from fedpsa_jax.data.federated import FederatedData
 from fedpsa_jax.sim.scheduler import Dispatch
@@ -98,9 +98,11 @@ def place_data(data: Any, device: jax.Device) -> Any:
   return jax.device_put(data, device)
 
 
+@checkpoint.register_record
 @dataclasses.dataclass(frozen=True)
 class Job:
-  """A dispatched client update, waiting to be computed or received."""
+  """A dispatched client update, waiting to be computed or received. A checkpoint holds the jobs in flight
+  as they are; their results are not kept, but recomputed on resume (they depend only on these fields)."""
 
   dispatch: Dispatch
   params_start: Params
