@@ -23,7 +23,7 @@ def _rss_bytes() -> int:
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc (Linux)")
 def test_trim_returns_freed_pages_where_glibc_can():
   if memory._MALLOC_TRIM is None:  # not glibc: nothing to call, and it says so
-    assert runtime.trim_heap() is False
+    assert memory.trim_heap() is False
     return
   # ~120 MB in 2 KiB blocks (malloc's heap, not mmap), all freed but the last, which pins the heap's top:
   # malloc keeps the freed pages mapped until trimmed.
@@ -31,7 +31,7 @@ def test_trim_returns_freed_pages_where_glibc_can():
   last = blocks[-1]
   del blocks
   before = _rss_bytes()
-  assert runtime.trim_heap() is True
+  assert memory.trim_heap() is True
   assert before - _rss_bytes() > 60 * 2**20
   del last
 
