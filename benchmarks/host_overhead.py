@@ -52,7 +52,7 @@ def measure(method: str) -> dict:
   stats = sim.executor.stats
 
   def snapshot():
-    return time.perf_counter(), sim.client_updates, sim.compiles.seconds
+    return time.perf_counter(), sim.loop.client_updates, sim.compiles.seconds
 
   before = snapshot()
   sim.run_until(FLAGS.days)

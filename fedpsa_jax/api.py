@@ -283,12 +283,12 @@ class Explorer:
   @property
   def day(self) -> float:
     """The current virtual time in days."""
-    return self.simulation.now / config_lib.UNITS_PER_DAY
+    return self.simulation.loop.now / config_lib.UNITS_PER_DAY
 
   @property
   def round(self) -> int:
     """The number of global-model changes (aggregations) so far."""
-    return self.simulation.round
+    return self.simulation.loop.round
 
   @property
   def history(self) -> pd.DataFrame:

@@ -50,8 +50,10 @@ import numpy as np
 
 from fedpsa_jax.errors import UserError
 
-FORMAT = "fedpsa-jax-checkpoint/2"  # /2: the host part has a digest ("sha256")
-_FORMATS = (FORMAT, "fedpsa-jax-checkpoint/1")  # (checkpoints written before the host digest still restore)
+# /3: in-flight jobs are records (`sim.executor.Job`), output positions under "outputs". One format is read:
+# an older checkpoint is refused (IncompatibleCheckpoint), not translated.
+FORMAT = "fedpsa-jax-checkpoint/3"
+_FORMAT_FAMILY = "fedpsa-jax-checkpoint/"
 _META_KEYS = ("skeleton", "arrays", "config")
 
 
@@ -359,10 +361,12 @@ class CheckpointStore:
     """(meta, verified host arrays) of a step; any failure here means the files are not intact."""
     ocp = _orbax()
     meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-    if (not isinstance(meta, dict) or meta.get("format") not in _FORMATS or meta.get("step") != step
-        or not all(k in meta for k in _META_KEYS)):
+    written = meta.get("format") if isinstance(meta, dict) else None
+    if isinstance(written, str) and written.startswith(_FORMAT_FAMILY) and written != FORMAT:
+      raise IncompatibleCheckpoint(f"it was written in the format {written!r} and this code reads {FORMAT!r} only")
+    if (written != FORMAT or meta.get("step") != step or not all(k in meta for k in _META_KEYS)):
       raise CorruptCheckpoint(f"metadata is not a complete {FORMAT} record for step {step}")
-    if ("sha256" in meta or meta["format"] == FORMAT) and meta.get("sha256") != host_digest(meta):
+    if meta.get("sha256") != host_digest(meta):
       raise CorruptCheckpoint("its host part (loop state, clock, generators, output positions, jobs, config) "
                               "does not match its recorded digest")
     info = meta["arrays"]
@@ -379,12 +383,19 @@ class CheckpointStore:
   def restore_latest(self, accept: Callable[[Restored], str | None] | None = None) -> Restored | None:
     """The newest checkpoint that reads back completely (and that `accept` takes: it returns None, or why
     not); each newer one that does not is moved to `checkpoints_corrupt/` with a warning. None when there
-    is no usable checkpoint. IncompatibleCheckpoint when the newest intact one cannot be rebuilt by this
-    code; UnsafeCheckpoint when it names a type that is not one of this project's records."""
+    is no usable checkpoint. IncompatibleCheckpoint when the newest one is in another format, or is intact
+    but cannot be rebuilt by this code; UnsafeCheckpoint when it names a type that is not one of this
+    project's records."""
     for step in reversed(self.steps()):
       path = os.path.join(self.directory, str(step))
       try:
         meta, arrays = self._read_verified(step)
+      except IncompatibleCheckpoint as err:
+        # Another format: the older steps are no better, and starting over would discard the run's metrics.
+        # Nothing is set aside: the run directory waits, as it is, for the code that wrote it.
+        raise IncompatibleCheckpoint(
+            f"checkpoint {path} is refused: {err}; run the code version that wrote it, or use another "
+            "--workdir for a new run") from None
       except Exception as err:  # any failure to read or verify a step means: do not trust it
         moved = self._set_aside(step)
         warnings.warn(f"checkpoint {path} is incomplete or corrupt ({type(err).__name__}: {err}); moved to "

@@ -578,7 +578,7 @@ def test_full_upload_variant_on_a_timer_sends_whole_models():
   model_bytes = 4 * sum(np.size(x) for x in jax.tree.leaves(sim.state.params))
   assert summary["bytes_uploaded"] == summary["client_updates"] * (model_bytes + 1 + 12)
   assert sim.state.empty_uploads == 0 and summary["client_updates"] > 10
-  assert 0 < summary["rounds"] <= sim.now // 60  # at most one round per tick
+  assert 0 < summary["rounds"] <= sim.loop.now // 60  # at most one round per tick
 
 
 # --- config -----------------------------------------------------------------------------------------

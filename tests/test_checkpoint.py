@@ -167,7 +167,7 @@ def test_every_strategy_resumes_exactly_in_process(method, tmp_path):
   first.close()  # abandoned here as a killed process would be
   assert len(io.read_jsonl(str(tmp_path / "cut" / "metrics.jsonl"))) == 6
   resumed = runner.Simulation(resumable_config(method), str(tmp_path / "cut"))
-  assert resumed.now < 0.0125 * 86400 and len(resumed.history) == 5  # the line after the checkpoint is gone
+  assert resumed.loop.now < 0.0125 * 86400 and len(resumed.history) == 5  # the line after the checkpoint is gone
   resumed.run()
   assert outputs(tmp_path / "cut") == outputs(tmp_path / "whole")
 
@@ -308,7 +308,7 @@ def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(damage, finished_ru
   damage(str(ckdir / str(steps[-1])))  # the end checkpoint
   with pytest.warns(checkpoint.CheckpointWarning, match="corrupt"):
     sim = runner.Simulation(c, str(tmp_path / "run"))
-  assert sim.last_checkpoint == steps[-2] and sim.status == "running"
+  assert sim.loop.last_checkpoint == steps[-2] and sim.status == "running"
   sim.run()
   assert outputs(tmp_path / "run") == whole
   assert len(os.listdir(tmp_path / "run" / "checkpoints_corrupt")) == 1
@@ -322,7 +322,7 @@ def test_half_written_checkpoint_is_never_loaded(finished_run, tmp_path):
   # What a kill during a save leaves: orbax's temporary directory, not yet renamed to its step.
   os.rename(ckdir / str(steps[-1]), ckdir / f"{steps[-1]}.orbax-checkpoint-tmp-1234")
   sim = runner.Simulation(c, str(tmp_path / "run"))
-  assert sim.last_checkpoint == steps[-2]
+  assert sim.loop.last_checkpoint == steps[-2]
   sim.run()
   assert outputs(tmp_path / "run") == whole
   assert not any("tmp" in n for n in os.listdir(ckdir))
@@ -352,7 +352,7 @@ def test_all_checkpoints_corrupt_starts_over(finished_run, tmp_path):
     corrupt_meta(str(ckdir / name))
   with pytest.warns(checkpoint.CheckpointWarning):
     sim = runner.Simulation(c, str(tmp_path / "whole"))
-  assert sim.now == 0 and sim.history == []
+  assert sim.loop.now == 0 and sim.history == []
   sim.run()
   assert outputs(tmp_path / "whole") == whole
 
@@ -422,7 +422,7 @@ def test_a_checkpoint_naming_a_foreign_type_is_refused_and_nothing_runs(node, fi
   plant(meta, node(marker))
   with pytest.warns(checkpoint.CheckpointWarning, match="host part .* does not match its recorded digest"):
     sim = runner.Simulation(c, str(tmp_path / "whole"))
-  assert sim.last_checkpoint == steps[-2]
+  assert sim.loop.last_checkpoint == steps[-2]
   sim.run()
   assert not marker.exists() and outputs(tmp_path / "whole") == whole
 
@@ -449,28 +449,35 @@ def test_a_one_digit_edit_of_the_round_counter_is_caught(finished_run, tmp_path)
   steps, meta_path = newest_meta(tmp_path / "whole")
   meta = json.loads(open(meta_path).read())
   loop = dict(meta["skeleton"]["items"])["loop"]
-  for item in loop["items"]:
-    if item[0] == "round":
-      item[1] += 1  # e.g. 13 -> 14: a run that would resume silently with different results
+  assert loop["type"] == "fedpsa_jax.sim.loop_state:LoopState"  # (the record itself, field by field)
+  loop["fields"]["round"] += 1  # e.g. 13 -> 14: a run that would resume silently with different results
   open(meta_path, "w").write(json.dumps(meta))
   with pytest.warns(checkpoint.CheckpointWarning, match="host part .* does not match its recorded digest"):
     sim = runner.Simulation(c, str(tmp_path / "whole"))
-  assert sim.last_checkpoint == steps[-2] and len(os.listdir(tmp_path / "whole" / "checkpoints_corrupt")) == 1
+  assert sim.loop.last_checkpoint == steps[-2] and len(os.listdir(tmp_path / "whole" / "checkpoints_corrupt")) == 1
   sim.run()
   assert outputs(tmp_path / "whole") == whole
 
 
-def test_a_checkpoint_without_the_host_digest_still_restores(finished_run, tmp_path):
+@pytest.mark.parametrize("written", ["fedpsa-jax-checkpoint/1", "fedpsa-jax-checkpoint/2"])
+def test_a_checkpoint_in_an_older_format_is_refused_and_left_as_it_is(finished_run, tmp_path, written):
+  """One format is read: an older checkpoint (intact, its digest resealed) is refused with the format named,
+  not set aside and not started over (that would discard the run's metrics); the run directory is unchanged."""
   c, whole = finished_run
   steps, meta_path = newest_meta(tmp_path / "whole")
   meta = json.loads(open(meta_path).read())
-  meta["format"] = "fedpsa-jax-checkpoint/1"  # as written before the host digest existed
-  del meta["sha256"]
+  meta["format"] = written
   open(meta_path, "w").write(json.dumps(meta))
-  sim = runner.Simulation(c, str(tmp_path / "whole"))
-  assert sim.last_checkpoint == steps[-1] and sim.status == "completed"
-  sim.run()
-  assert outputs(tmp_path / "whole") == whole
+  reseal(meta_path)
+  with pytest.raises(checkpoint.IncompatibleCheckpoint,
+                     match=rf"written in the format '{written}' and this code reads '{checkpoint.FORMAT}' only; "
+                     "run the code version that wrote it"):
+    runner.Simulation(c, str(tmp_path / "whole"))
+  assert not os.path.exists(tmp_path / "whole" / "checkpoints_corrupt")
+  assert newest_meta(tmp_path / "whole")[0] == steps and outputs(tmp_path / "whole") == whole
+  free = io.RunDir(str(tmp_path / "whole"))
+  free.lock()  # (the refused run released its workdir)
+  free.close()
 
 
 # --- output files that do not match a checkpoint ---------------------------------------------------------
@@ -497,12 +504,12 @@ def test_metrics_shorter_than_the_newest_checkpoint_fall_back_to_one_that_fits(d
     metrics.write_text("".join(lines[:3]))
     with pytest.warns(checkpoint.CheckpointWarning, match="does not match the run's files .*metrics.jsonl has"):
       sim = runner.Simulation(c, str(path))
-    assert sim.last_checkpoint == 432 and len(sim.history) == 3
+    assert sim.loop.last_checkpoint == 432 and len(sim.history) == 3
   else:  # nothing fits: the run starts over, with a warning (never a traceback on every try)
     metrics.unlink()
     with pytest.warns(checkpoint.CheckpointWarning, match="the run starts over from the beginning"):
       sim = runner.Simulation(c, str(path))
-    assert sim.now == 0 and sim.history == []
+    assert sim.loop.now == 0 and sim.history == []
   sim.run()
   assert outputs(path) == whole
   # The checkpoints that did not fit were set aside, so they can never be mistaken for this run's again.

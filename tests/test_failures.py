@@ -259,7 +259,7 @@ def test_a_run_on_a_busy_workdir_is_refused_before_any_building(tmp_path, monkey
 
   def no_building(*args, **kwargs):
     raise AssertionError("the run was built although its workdir is busy")
-  monkeypatch.setattr(runner, "build_data", no_building)
+  monkeypatch.setattr(runner, "build_run", no_building)
   start = time.perf_counter()
   with pytest.raises(config_lib.ConfigError, match=rf"--workdir='{re.escape(workdir)}' is in use by another run "
                      rf"\(pid {os.getpid()}\); allowed"):

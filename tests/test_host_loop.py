@@ -130,17 +130,17 @@ def test_no_host_read_and_no_wait_per_event_between_evaluations(method, events, 
   for a device only to bound its lead (once per round, never per event); runtime.phase_timing off."""
   sim = runner.Simulation(small_config(method, days=0.03, output__events=events), str(tmp_path / "run"))
   sim.run_until(0.006)  # past the first compiles and evaluations
-  updates, evaluations, rounds = sim.client_updates, len(sim.history), sim.round
+  updates, evaluations, rounds = sim.loop.client_updates, len(sim.history), sim.loop.round
   with counted_waits() as waits:
     _guarded_run(sim, 0.03)
-  assert sim.client_updates > updates + 20 and len(sim.history) > evaluations  # real work, evaluations too
-  assert 0 < len(waits) <= sim.round - rounds < sim.client_updates - updates  # one per round at most
+  assert sim.loop.client_updates > updates + 20 and len(sim.history) > evaluations  # real work, evaluations too
+  assert 0 < len(waits) <= sim.loop.round - rounds < sim.loop.client_updates - updates  # one per round at most
   assert len(sim.rounds_in_flight) <= runner.ROUNDS_AHEAD
   sim.finish()
   if events:  # every update and every round written, deferred or not
     lines = io.read_events(str(tmp_path / "run"))
-    assert sum(line["type"] == "update" for line in lines) == sim.client_updates
-    assert sum(line["type"] == "round" for line in lines) == sim.round
+    assert sum(line["type"] == "update" for line in lines) == sim.loop.client_updates
+    assert sum(line["type"] == "round" for line in lines) == sim.loop.round
     assert all(isinstance(v, (int, float, str, list, type(None))) for line in lines for v in line.values())
 
 
@@ -148,7 +148,7 @@ def test_phase_timing_waits_at_every_event():
   """The check above would see waits: with runtime.phase_timing the host waits at every event."""
   sim = runner.Simulation(small_config("fedbuff", days=0.02, runtime__phase_timing=True))
   sim.run_until(0.006)
-  updates = sim.client_updates
+  updates = sim.loop.client_updates
   with counted_waits() as waits:
     _guarded_run(sim, 0.02)
-  assert len(waits) >= 2 * (sim.client_updates - updates)
+  assert len(waits) >= 2 * (sim.loop.client_updates - updates)

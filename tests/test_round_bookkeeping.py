@@ -83,7 +83,7 @@ def _run(method: str, execution: str, workdir, monkeypatch) -> Observed:
   monkeypatch.setattr(local.LocalTrainer, "train_job", spy_train_job)
   monkeypatch.setattr(local.LocalTrainer, "train_batch", spy_train_batch)
   sim = runner.Simulation(config, str(workdir))
-  assert sim.execution == execution
+  assert sim.parts.execution == execution
   received: dict[tuple[int, int], tuple[int, int]] = {}
   receive = sim.strategy.receive
 
@@ -97,7 +97,7 @@ def _run(method: str, execution: str, workdir, monkeypatch) -> Observed:
   assert summary["status"] == "completed"
   # Job ids from keys, as the run derives them: fold_in(clients key of the seed, job id).
   clients_key = seeding.device_key(config.seed, "clients")
-  job_of = {tuple(_key_bits(jax.random.fold_in(clients_key, j))[0]): j for j in range(sim.scheduler.next_job_id)}
+  job_of = {tuple(_key_bits(jax.random.fold_in(clients_key, j))[0]): j for j in range(sim.parts.scheduler.next_job_id)}
   trained_lr: dict[int, list[float]] = collections.defaultdict(list)
   for bits, rate in trained:
     trained_lr[job_of[bits]].append(rate)

@@ -1,8 +1,11 @@
 """Building a run from its config: data, model, strategy, local trainer, executor, clock and evaluators.
 
-`build_run(config)` does every piece of work a run needs before its first event and returns it as a `Run`
-(after the flax examples' `create_train_state`): nothing in it changes while the run goes on except the
-objects that keep their own state (the executor's queues, the scheduler's clock). The host loop
+`prepare(config, workdir)` comes first: every check that needs no building (the config's rules, the
+workdir's config.json) and the run's one claim on its workdir (the lock), so that bad input or a busy
+workdir is refused before the many seconds of building. Then `build_run(config)` does every piece of work
+a run needs before its first event and returns it as a `Run` (after the flax examples'
+`create_train_state`): nothing in it changes while the run goes on except the objects that keep their own
+state (the executor's queues, the scheduler's clock). The host loop
 (`sim/runner.py`) carries what does change in `LoopState` and the strategy state.
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any, Callable
 
 import jax
@@ -18,7 +22,7 @@ import ml_collections
 import numpy as np
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import local, metrics, seeding, strategies
+from fedpsa_jax import io, local, metrics, seeding, strategies
 from fedpsa_jax.compiles import CompileCounter
 from fedpsa_jax.data.federated import FederatedData, build_federated_data, split_client_test
 from fedpsa_jax.data.partition import partition_labels
@@ -29,6 +33,37 @@ from fedpsa_jax.sim.latency import LatencyModel
 from fedpsa_jax.sim.scheduler import Scheduler
 
 Params = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  """A run directory claimed by `prepare`: its lock is held until `rundir.close()`."""
+
+  rundir: io.RunDir
+  created: bool  # `prepare` made the directory
+
+  def abandon(self) -> None:
+    """Releases the directory of a run that could not be built. One `prepare` made and that holds nothing
+    but its lock file is removed: bad input leaves no empty run directory behind."""
+    self.rundir.close()
+    lock = self.rundir.file(".lock")
+    if self.created and os.listdir(self.rundir.path) == [os.path.basename(lock)]:
+      os.remove(lock)
+    if self.created and not os.listdir(self.rundir.path):
+      os.rmdir(self.rundir.path)
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str | None) -> tuple[ml_collections.ConfigDict, Claim | None]:
+  """The validated config and, with a workdir, the claim on it: ConfigError (before any building) for a bad
+  config, a workdir that cannot be written or holds another config's run (`io.check_workdir`), or one that
+  another run holds (its lock, taken here and nowhere else, before anything in it is read or written)."""
+  config = config_lib.validate(config)
+  if not workdir:
+    return config, None
+  created = io.check_workdir(workdir, config)
+  rundir = io.RunDir(workdir)
+  rundir.lock()  # (the lock file, with the other run's pid, is the other run's: nothing is removed)
+  return config, Claim(rundir, created)
 
 
 def build_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedData]:

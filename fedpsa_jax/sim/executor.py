@@ -11,10 +11,11 @@ Backends (`runtime.execution`):
   `jobs_ahead` issued per client device (`runtime.jobs_ahead`; 0: every job at its dispatch). An issued job
   holds its trained parameters until it arrives: issuing each at its dispatch held one parameter tree per
   in-flight job (10 on the default job), where a few ahead keep the devices as busy. Each job goes to the
-  client device with the least work given so far (samples × epochs, and on the server's device the
-  payloads it computes: `ClientSide.payload_samples`; deterministic: a function of the schedule). On a
-  CPU, `--xla_force_host_platform_device_count=D` gives D host devices; XLA:CPU runs each convolution on
-  one core, so two client devices keep both cores of this machine busy. With three or more devices the
+  client device given the fewest jobs so far (ties: the first; deterministic, a function of the schedule).
+  The payloads and server steps that the server's device runs beside its share of training are not
+  counted: the executor cannot see their cost (docs/performance.md, "Host devices"). On a CPU,
+  `--xla_force_host_platform_device_count=D` gives D host devices; XLA:CPU runs each convolution on one
+  core, so two client devices keep both cores of this machine busy. With three or more devices the
   server's device (where the data and the server state live) trains no clients: a device runs its work
   in order, so a server step would otherwise wait behind training.
 - `vmap`: lazy. Dispatched jobs are only recorded; when a result is needed, the pending jobs are
@@ -53,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedpsa_jax import choices, local, strategies
+from fedpsa_jax import checkpoint, choices, local, strategies
 from fedpsa_jax.compiles import CompileCounter
 from fedpsa_jax.data.federated import FederatedData
 from fedpsa_jax.sim.scheduler import Dispatch
@@ -98,9 +99,11 @@ def place_data(data: Any, device: jax.Device) -> Any:
   return jax.device_put(data, device)
 
 
+@checkpoint.register_record
 @dataclasses.dataclass(frozen=True)
 class Job:
-  """A dispatched client update, waiting to be computed or received."""
+  """A dispatched client update, waiting to be computed or received. A checkpoint holds the jobs in flight
+  as they are; their results are not kept, but recomputed on resume (they depend only on these fields)."""
 
   dispatch: Dispatch
   params_start: Params
@@ -174,11 +177,6 @@ class ClientExecutor:
   def wait_for_home(self) -> None:
     """Waits for client training queued on the server's device (none by default)."""
 
-  def work_of(self, job: Job) -> int:
-    """The samples a job's unrolled schedule runs (partial batches at their own size), all epochs."""
-    full, rest = self.trainer.epoch_plan(int(self.fed.client_sizes[job.dispatch.client]))
-    return self.trainer.epochs * (full * self.trainer.batch_size + rest)
-
   @contextlib.contextmanager
   def _timed(self):
     """Counts the host's time in here as client compute (train_seconds), and the compiles in it (only
@@ -228,7 +226,7 @@ class ClientExecutor:
 
 class LoopExecutor(ClientExecutor):
   """`loop`: one jitted client update per job, issued ahead of its arrival (at most `jobs_ahead` per client
-  device; 0: at its dispatch) on the least-loaded client device."""
+  device; 0: at its dispatch) on the client device given the fewest jobs."""
 
   execution = "loop"
 
@@ -244,9 +242,7 @@ class LoopExecutor(ClientExecutor):
     # A heap of (arrival time, client, job id): the scheduler's order of arrivals.
     self.arrival_order: list[tuple[int, int, int]] = []
     self.issued: dict[int, tuple[Job, Params, jax.Device]] = {}  # job id -> (job, trained params, device)
-    # Work given to each device so far: samples × epochs of its jobs, and on the server's device (when it
-    # trains too) the payloads of every arrival (`ClientSide.payload_samples`).
-    self.device_work = dict.fromkeys(self.devices, 0)
+    self.device_jobs = dict.fromkeys(self.devices, 0)  # jobs given to each device so far (`_issue`)
     server_data = (fed.x_train, fed.y_train, fed.client_indices)
     self.device_data = {d: server_data if d == self.home else place_data(server_data, d) for d in self.devices}
     # Each client's index row on each device, sliced once here: slicing the table per job is an eager
@@ -274,9 +270,9 @@ class LoopExecutor(ClientExecutor):
         self._issue(self.waiting.pop(job_id))
 
   def _issue(self, job: Job) -> None:
-    """Issues the job's training now, on the client device with the least work so far."""
-    device = min(self.devices, key=lambda d: self.device_work[d])  # (ties: the first device)
-    self.device_work[device] += self.work_of(job)
+    """Issues the job's training now, on the client device given the fewest jobs so far."""
+    device = min(self.devices, key=self.device_jobs.__getitem__)  # (ties: the first device)
+    self.device_jobs[device] += 1
     self.issued[job.dispatch.job_id] = (job, self._loop_one(job, device), device)
 
   def result(self, job_id: int) -> tuple[Params, Any]:
@@ -287,8 +283,6 @@ class LoopExecutor(ClientExecutor):
       if job_id in self.waiting:  # (the first result of a run, or a job arriving before those issued ahead)
         self._issue(self.waiting.pop(job_id))
       job, end, device = self.issued.pop(job_id)
-      if self.home in self.device_work:  # the payload runs on the server's device, which also trains
-        self.device_work[self.home] += self.strategy.client.payload_samples
       self._issue_ahead()
       if self.phase_timing:
         self._block_home()  # the payload below runs there: its time must not include queued training
@@ -303,7 +297,7 @@ class LoopExecutor(ClientExecutor):
       self._block_home()
 
   def _block_home(self) -> None:
-    if self.home in self.device_work:
+    if self.home in self.device_jobs:
       jax.block_until_ready([end for _, end, device in self.issued.values() if device == self.home])
 
   def _loop_one(self, job: Job, device: jax.Device) -> Params:

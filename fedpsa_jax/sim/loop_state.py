@@ -1,17 +1,19 @@
 """The host loop's own state: one record, saved into a checkpoint and restored from it as a unit.
 
 Every counter the loop keeps between events lives here, so a new one is one field (with its default),
-and a checkpoint can never forget it (big_vision keeps its train state the same way, one dict saved whole).
-The strategy's state, the scheduler's clock and the executor's queues have their own state and are saved
-beside it.
+and a checkpoint, which holds the record itself, can never forget it (big_vision keeps its train state the
+same way, one dict saved whole). The strategy's state, the scheduler's clock and the executor's queues have
+their own state and are saved beside it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+
+from fedpsa_jax import checkpoint
 
 
+@checkpoint.register_record
 @dataclasses.dataclass
 class LoopState:
   """Where the run stands. Times are virtual units (docs/simulation.md, 'Time') unless named `*_seconds`."""
@@ -30,13 +32,3 @@ class LoopState:
   train_seconds: float = 0.0
   wall_seconds: float = 0.0
   last_checkpoint: int = 0  # the virtual time of the last checkpoint (a fresh run counts from 0)
-
-  def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, saved: dict[str, Any]) -> "LoopState":
-    """The state a checkpoint saved; fields it lacks (saved before they existed) keep their defaults, and
-    keys that are not fields (older checkpoints kept output positions here) are left out."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in saved.items() if k in names})

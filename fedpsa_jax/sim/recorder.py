@@ -33,21 +33,16 @@ from fedpsa_jax import errors, io, signals
 class Recorder:
   """A run's outputs: files, checkpoints and progress."""
 
-  def __init__(self, workdir: str | None, config: ml_collections.ConfigDict, rundir: io.RunDir | None = None):
-    """`rundir`: the workdir's `io.RunDir` when the caller already holds its lock (`Simulation` takes it
-    before building the run); otherwise `open` makes one and locks it."""
+  def __init__(self, rundir: io.RunDir | None, config: ml_collections.ConfigDict):
+    """`rundir`: the run directory, its lock already held (`sim.build.prepare` takes it before the run is
+    built); None to write nothing. The recorder closes it, and with it the lock, in `close`."""
     self.config = config
-    self._claimed = rundir
+    self.rundir = rundir
     self.progress = tqdm.tqdm(total=round(config.sim.virtual_days, 4), unit="day", leave=True,
                               disable=not config.runtime.progress,
                               bar_format="{l_bar}{bar}| {n:.3f}/{total:.3f} days [{elapsed}<{remaining}{postfix}]")
-    self.rundir: io.RunDir | None = None
-    self.checkpoints: checkpoint_lib.CheckpointStore | None = None
-    self.workdir = workdir
-
-  @property
-  def writes(self) -> bool:
-    return self.rundir is not None
+    self.checkpoints = (checkpoint_lib.CheckpointStore(rundir.file("checkpoints"), config.checkpoint.keep)
+                        if rundir is not None else None)
 
   @contextlib.contextmanager
   def _writing(self, name: str) -> Iterator[None]:
@@ -60,21 +55,15 @@ class Recorder:
       raise errors.OutputWriteError.of(err, self.rundir.file(name) if self.rundir else name) from err
 
   def open(self) -> checkpoint_lib.Restored | None:
-    """Claims the workdir (a lock held until `close`; already held when given to `__init__`) and returns its
-    newest usable checkpoint, if any: one that reads back intact and whose output positions the files still
-    reach. Without one, whatever an earlier attempt wrote is cleared for a fresh start."""
-    if not self.workdir:
+    """The run directory's newest usable checkpoint, if any: one that reads back intact and whose output
+    positions the files still reach. Without one, whatever an earlier attempt wrote is cleared for a fresh
+    start."""
+    if self.rundir is None:
       return None
-    if self._claimed is not None:
-      self.rundir = self._claimed
-    else:
-      self.rundir = io.RunDir(self.workdir)
-      self.rundir.lock()  # before anything in the workdir is read, cut back or written
-    self.checkpoints = checkpoint_lib.CheckpointStore(self.rundir.file("checkpoints"), self.config.checkpoint.keep)
     mismatched: list[str] = []
 
     def fits(restored: checkpoint_lib.Restored) -> str | None:
-      reason = self._positions_mismatch(_positions(restored.snapshot))
+      reason = self._positions_mismatch(restored.snapshot["outputs"])
       if reason is not None:
         mismatched.append(reason)
       return reason
@@ -180,13 +169,8 @@ class Recorder:
   def close(self) -> None:
     """Closes the files and the checkpoint store (the run can be resumed from its workdir later)."""
     self.progress.close()
-    for rundir in (self.rundir, self._claimed):  # (the same one once opened; closing twice is harmless)
-      if rundir is not None:
-        rundir.close()
+    if self.rundir is not None:
+      self.rundir.close()
     if self.checkpoints:
       self.checkpoints.close()
 
-
-def _positions(snapshot: dict[str, Any]) -> dict[str, int]:
-  """A checkpoint's output positions (checkpoints written before "outputs" existed kept them in "loop")."""
-  return snapshot.get("outputs", snapshot["loop"])

@@ -2,7 +2,8 @@
 
 `Simulation(config, workdir).run()` carries out one run as docs/simulation.md describes; `run_until(day)` lets a
 notebook advance it step by step. The run is made of parts that each do one job:
-- `sim/build.py`: everything built from the config before the first event (`build_run`);
+- `sim/build.py`: the checks and the workdir's lock before any building (`prepare`), then everything built
+  from the config before the first event (`build_run`: a `Run`, kept whole as `Simulation.parts`);
 - `sim/loop_state.py`: the loop's counters, one record saved and restored as a unit (`LoopState`);
 - `sim/recorder.py`: the run directory, checkpoints and progress (`Recorder`);
 - `metrics.summarize`: the summary, a pure function of the history and the loop state;
@@ -14,8 +15,8 @@ so when it is computed, and beside which other jobs, never changes it.
 Checkpoints and resume (with a workdir). At an evaluation at least `checkpoint.every_days` after the
 previous checkpoint, and at the end, the run saves (fedpsa_jax/checkpoint.py) everything it needs to
 continue exactly: the strategy state, the scheduler (clock, event heap, busy/held clients, both host
-generators), every in-flight job's dispatch record with the parameters, lr, round and aux it was
-dispatched with (its result is recomputed on resume: it depends only on those), the clients key, the
+generators), every in-flight `Job` as it is (the dispatch record, the parameters, lr, round and aux it was
+dispatched with; its result is recomputed on resume: it depends only on those), the clients key, the
 `LoopState`, and the output positions. A `Simulation` on a workdir holding a run of the same config
 resumes from the newest complete checkpoint, truncating the outputs to the positions it recorded; without
 one it starts over. Metrics after a resume are bitwise those of an uninterrupted run on the same backend,
@@ -25,15 +26,12 @@ apart from `TIMING_FIELDS` (wall-clock times, compiles, how the executor batched
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import math
-import os
 import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -41,11 +39,10 @@ from fedpsa_jax import checkpoint as checkpoint_lib
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import errors, io, memory, metrics, run_identity, signals, strategies
 from fedpsa_jax.compiles import CompileCounter
-from fedpsa_jax.sim.build import build_data, build_run
+from fedpsa_jax.sim.build import Claim, Run, build_run, prepare
 from fedpsa_jax.sim.executor import Job
 from fedpsa_jax.sim.loop_state import LoopState
 from fedpsa_jax.sim.recorder import Recorder
-from fedpsa_jax.sim.scheduler import Dispatch
 from fedpsa_jax.tree_util import to_host, tree_bytes
 
 Params = Any
@@ -65,59 +62,43 @@ ROUNDS_AHEAD = 2
 EVENTS_PENDING = 4096
 
 
-def _abandon(rundir: io.RunDir | None, workdir: str | None, created: bool) -> None:
-  """Releases the workdir of a Simulation that could not be built; one this run created and left empty
-  (but for its lock file) is removed: bad input leaves no empty run directory behind."""
-  if rundir is None:
-    return
-  rundir.close()
-  lock = rundir.file(".lock")
-  if created and os.listdir(workdir) == [os.path.basename(lock)]:
-    os.remove(lock)
-  if created and not os.listdir(workdir):
-    os.rmdir(workdir)
+def _build(config: ml_collections.ConfigDict, claim: Claim | None
+           ) -> tuple[CompileCounter, memory.HeapTrimmer, Run]:
+  """Opens the compile counter and the heap trimmer (the building compiles too) and builds the run. On any
+  failure (a Ctrl-C while the data loads, too) both are closed and the workdir is given up (`Claim.abandon`)."""
+  compiles = CompileCounter().open()  # every XLA compile of this run (warm-up included)
+  # Freed memory back to the OS after compiles, and under runtime.trim_heap at evaluations and once a second
+  # of rounds too.
+  trimmer = memory.HeapTrimmer(during_rounds=bool(config.runtime.trim_heap)).open()
+  try:
+    return compiles, trimmer, build_run(config, compiles)
+  except BaseException:
+    compiles.close()
+    trimmer.close()
+    if claim is not None:
+      claim.abandon()
+    raise
 
 
 class Simulation:
-  """One run of one config: build once, then `run()` (or `run_until(day)` repeatedly, then `finish()`)."""
+  """One run of one config: build once, then `run()` (or `run_until(day)` repeatedly, then `finish()`).
+
+  `parts` is the built run (`build_run`'s `Run`: strategy, executor, scheduler, evaluators, ...), `state`
+  the strategy's state, `loop` the loop's counters (`LoopState`), `history` the metrics records so far."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
-    """Validates `config` and `workdir` (ConfigError before any work), claims the workdir (its lock, at
-    once: a second run on a busy workdir is refused before the many seconds of building), builds the
-    run, and, when `workdir` holds a run of the same config with a usable checkpoint, restores it."""
-    self.config = config = config_lib.validate(config)
+    """Checks the config and the workdir and takes its lock (`prepare`: refused before any building), builds
+    the run, and, when `workdir` holds a run of the same config with a usable checkpoint, restores it."""
+    self.config, claim = prepare(config, workdir)
     self.wall_start = time.perf_counter()
-    created = io.check_workdir(workdir, config) if workdir else False
-    rundir = io.RunDir(workdir) if workdir else None
-    if rundir is not None:
-      rundir.lock()  # (ConfigError naming the other run's pid; the Recorder holds it until `close`)
-    self.compiles = CompileCounter().open()  # every XLA compile of this run (warm-up included)
-    # Freed memory back to the OS after compiles, and under runtime.trim_heap at evaluations and once a second
-    # of rounds too.
-    self.trimmer = memory.HeapTrimmer(during_rounds=bool(config.runtime.trim_heap)).open()
-    try:
-      data = build_data(config)  # (and `config.validate_data`: values only the data rules out)
-      self.run_parts = run = build_run(config, self.compiles, data)
-    except BaseException:  # (a Ctrl-C while the data loads or the run builds, too)
-      self.compiles.close()
-      self.trimmer.close()
-      _abandon(rundir, workdir, created)
-      raise
-    self.dataset, self.fed, self.model, self.strategy = run.dataset, run.fed, run.model, run.strategy
-    self.executor, self.scheduler, self.execution = run.executor, run.scheduler, run.execution
-    self.evaluate, self.personal_evaluate = run.evaluate, run.personal_evaluate
-    self.state = run.initial_state
-    self.budget = config_lib.budget_units(config)
-    self.eval_every = config_lib.eval_every_units(config)
-    self.checkpoint_every = int(round(config.checkpoint.every_days * config_lib.UNITS_PER_DAY))
-    self.loop = LoopState()
+    self.compiles, self.trimmer, self.parts = _build(self.config, claim)
+    self.recorder = Recorder(claim.rundir if claim else None, self.config)
+    self.state, self.loop, self.budget = self.parts.initial_state, LoopState(), config_lib.budget_units(self.config)
     self.jobs: dict[int, Job] = {}  # in flight, by job id
     self.history: list[dict] = []  # metrics.jsonl's records
     self.pending_events: list[dict] = []  # events.jsonl lines not yet written (`_write_events`)
     self.rounds_in_flight: collections.deque = collections.deque()  # recent rounds' states (ROUNDS_AHEAD)
-    self.phase_timing = bool(config.runtime.phase_timing)
     self.resumed_from: int | None = None  # virtual time of the checkpoint this run continued from
-    self.recorder = Recorder(workdir, config, rundir=rundir)
     try:
       restored = self.recorder.open()
       if restored is not None:
@@ -127,13 +108,14 @@ class Simulation:
       self.close()
       raise
 
-  # --- the loop state, by name (read by notebooks, tests and the API) -------------------------------
+  # --- the parts read from outside (profiling, the notebook API, benchmarks, tests) ------------------
 
-  now = property(lambda self: self.loop.now)
-  round = property(lambda self: self.loop.round)
-  client_updates = property(lambda self: self.loop.client_updates)
-  status = property(lambda self: self.loop.status)
-  last_checkpoint = property(lambda self: self.loop.last_checkpoint)
+  strategy = property(lambda self: self.parts.strategy)
+  fed = property(lambda self: self.parts.fed)
+  model = property(lambda self: self.parts.model)
+  executor = property(lambda self: self.parts.executor)
+  evaluate = property(lambda self: self.parts.evaluate)
+  status = property(lambda self: self.loop.status)  # (launch.py)
 
   @property
   def lr(self) -> float:
@@ -144,66 +126,69 @@ class Simulation:
 
   def run_until(self, day: float) -> None:
     """Advances virtual time to `day` (capped at the budget), evaluating when due."""
-    loop = self.loop
+    loop, scheduler = self.loop, self.parts.scheduler
     until = min(int(round(day * config_lib.UNITS_PER_DAY)), self.budget)
+    eval_every = config_lib.eval_every_units(self.config)
+    checkpoint_every = int(round(self.config.checkpoint.every_days * config_lib.UNITS_PER_DAY))
     while loop.status == "running":
-      t = self.scheduler.next_time()
+      t = scheduler.next_time()
       while loop.next_eval <= min(until, self.budget) and (t is None or loop.next_eval < t):
         evaluated = loop.next_eval
         self._log_eval(evaluated)
-        loop.next_eval += self.eval_every
+        loop.next_eval += eval_every
         if loop.status != "running":
           return
-        if (self.recorder.checkpoints and self.checkpoint_every > 0 and evaluated < self.budget
-            and evaluated - loop.last_checkpoint >= self.checkpoint_every):
+        if (self.recorder.checkpoints and checkpoint_every > 0 and evaluated < self.budget
+            and evaluated - loop.last_checkpoint >= checkpoint_every):
           self.save_checkpoint(evaluated)  # (at the budget, finish() saves the end checkpoint instead)
       if t is None or t > until:
         loop.now = until
         return
       loop.now = t
-      if self.scheduler.dispatch_due(t):
+      if scheduler.dispatch_due(t):
         self._on_dispatch(t)
       else:
         self._on_arrivals(t)
 
   def _on_dispatch(self, t: int) -> None:
     """Clients go out: each starts from what the strategy gives it, at the current round's lr."""
-    for d in self.scheduler.dispatch(t):
-      self.state, params, aux = self.strategy.dispatch(self.state, d.client)
+    run = self.parts
+    for d in run.scheduler.dispatch(t):
+      self.state, params, aux = run.strategy.dispatch(self.state, d.client)
       job = Job(d, params, self.lr, self.loop.round, aux)
       self.jobs[d.job_id] = job
-      self.executor.submit(job)
+      run.executor.submit(job)
       self.loop.bytes_downloaded += tree_bytes(params) + tree_bytes(aux)
 
   def _on_arrivals(self, t: int) -> None:
     """Every update arriving at `t`, received by the strategy together (one `receive`)."""
-    loop = self.loop
-    _, arrived = self.scheduler.pop_arrivals()
+    loop, run = self.loop, self.parts
+    _, arrived = run.scheduler.pop_arrivals()
     jobs = [self.jobs.pop(job_id) for _, job_id in arrived]
     arrivals = []
     for job in jobs:
       client, job_id = job.dispatch.client, job.dispatch.job_id
-      delta, payload = self.executor.result(job_id)
+      delta, payload = run.executor.result(job_id)
       arrivals.append(strategies.Arrival(
-          client=client, num_samples=int(self.fed.client_sizes[client]),
+          client=client, num_samples=int(run.fed.client_sizes[client]),
           staleness=loop.round - job.dispatch_round, dispatch_round=job.dispatch_round,
           params_start=job.params_start, delta=delta, payload=payload, arrival_time=t))
-    if self.phase_timing:  # the server step's own time (server_compute_seconds, paper Fig. 5)
-      self.executor.wait_for_home()
+    if run.executor.phase_timing:  # the server step's own time (server_compute_seconds, paper Fig. 5)
+      run.executor.wait_for_home()
       start = time.perf_counter()
-      self.state, changed = self.strategy.receive(self.state, arrivals)
+      self.state, changed = run.strategy.receive(self.state, arrivals)
       jax.block_until_ready(self.state)
       loop.server_seconds += time.perf_counter() - start
     else:
-      self.state, changed = self.strategy.receive(self.state, arrivals)
+      self.state, changed = run.strategy.receive(self.state, arrivals)
     loop.client_updates += len(arrivals)
-    loop.bytes_uploaded += sum(self.strategy.upload_bytes(a) for a in arrivals)
+    loop.bytes_uploaded += sum(run.strategy.upload_bytes(a) for a in arrivals)
     if self.recorder.wants_events:
       self._log_events(jobs, arrivals, changed)
     if changed:
       loop.round += 1
       self._bound_lead()
-    self.scheduler.after_receive(t, [a.client for a in arrivals], changed)
+    run.scheduler.after_receive(t, [a.client for a in arrivals], changed)
     if changed and self.config.eval.every_round:
       self._log_eval(t)
 
@@ -219,23 +204,23 @@ class Simulation:
   # --- outputs --------------------------------------------------------------------------------------
 
   def _log_eval(self, t: int) -> None:
-    loop = self.loop
+    loop, run = self.loop, self.parts
     if self.history and self.history[-1]["time"] == t:
       return
     self._write_events()
-    models = self.strategy.eval_models(self.state)
+    models = run.strategy.eval_models(self.state)
     params = models.params
     record = {"time": t, "day": t / config_lib.UNITS_PER_DAY, "round": loop.round,
-              "client_updates": loop.client_updates, **self.evaluate(params), "lr": self.lr,
+              "client_updates": loop.client_updates, **run.evaluate(params), "lr": self.lr,
               "bytes_uploaded": loop.bytes_uploaded, "bytes_downloaded": loop.bytes_downloaded,
               "wall_seconds": time.perf_counter() - self.wall_start,
-              "train_seconds": self.executor.train_seconds if self.phase_timing else None,
-              **self.strategy.diagnostics(self.state)}
-    if self.personal_evaluate is not None:
+              "train_seconds": run.executor.train_seconds if run.executor.phase_timing else None,
+              **run.strategy.diagnostics(self.state)}
+    if run.personal_evaluate is not None:
       personal = models.personal if models.personal is not None else [params]
       assignment = (models.assignment if models.assignment is not None
-                    else np.zeros(self.fed.num_clients, np.int64))
-      record["personalized_accuracy"] = self.personal_evaluate(personal, assignment)
+                    else np.zeros(run.fed.num_clients, np.int64))
+      record["personalized_accuracy"] = run.personal_evaluate(personal, assignment)
     record.update(models.records)
     record = to_host(record)  # (the strategy's values may be device arrays: one read for all)
     self.history.append(record)
@@ -253,14 +238,14 @@ class Simulation:
     """One line per received update and, when a round happened, one line for the round. An update's `lr` is
     the one its job was dispatched (and trained) with. The lines wait in `pending_events`, device values
     and all, until `_write_events` reads them at once: the host does not wait for a device per event."""
-    records = self.strategy.event_records(self.state, arrivals)
+    records = self.parts.strategy.event_records(self.state, arrivals)
     lines = [{"type": "update", "client": job.dispatch.client, "job_id": job.dispatch.job_id,
               "dispatch_time": job.dispatch.dispatch_time, "arrival_time": job.dispatch.arrival_time,
               "dispatch_round": arrival.dispatch_round, "staleness": arrival.staleness, "lr": job.lr, **extra}
              for job, arrival, extra in zip(jobs, arrivals, records)]
     if changed:
       lines.append({"type": "round", "time": self.loop.now, "round": self.loop.round + 1,
-                    **self.strategy.diagnostics(self.state)})
+                    **self.parts.strategy.diagnostics(self.state)})
     self.pending_events += lines
     if len(self.pending_events) >= EVENTS_PENDING:
       self._write_events()
@@ -274,16 +259,17 @@ class Simulation:
   def summary(self) -> dict:
     """summary.json of the run so far (`metrics.summarize` of the history and the loop state)."""
     wall = time.perf_counter() - self.wall_start
-    stats = self.executor.stats
-    timed = self.phase_timing  # (else the phases were not timed apart: null, not a misleading host time)
+    executor = self.parts.executor
+    stats = executor.stats
+    timed = executor.phase_timing  # (else the phases were not timed apart: null, not a misleading host time)
     accounting = {
-        "wall_seconds": wall, "train_seconds": self.executor.train_seconds if timed else None,
+        "wall_seconds": wall, "train_seconds": executor.train_seconds if timed else None,
         # Client compute = local training plus client payloads (train_seconds).
-        "client_compute_seconds": self.executor.train_seconds if timed else None,
+        "client_compute_seconds": executor.train_seconds if timed else None,
         "server_compute_seconds": self.loop.server_seconds if timed else None,
         # How client updates ran (runtime.execution): the backend, the share of SGD steps that were
         # padding (masked steps of batched jobs), the batched calls, and the XLA compiles of the run.
-        "execution": self.execution, "padding_waste": stats.padding_waste, "execution_batches": stats.batches,
+        "execution": self.parts.execution, "padding_waste": stats.padding_waste, "execution_batches": stats.batches,
         "compiles": self.compiles.count, "client_payload_seconds": stats.payload_seconds if timed else None,
         "compile_seconds": self.compiles.seconds,
     }
@@ -356,19 +342,16 @@ class Simulation:
     """Saves the run at virtual time `step` (an evaluation time, or the end) so it continues exactly."""
     loop = self.loop
     self._write_events()  # (before the positions: the checkpoint counts every line so far)
-    loop.train_seconds = self.executor.train_seconds
+    loop.train_seconds = self.parts.executor.train_seconds
     loop.wall_seconds = time.perf_counter() - self.wall_start
     loop.last_checkpoint = step
     snapshot = {
-        "loop": loop.to_dict(),
+        "loop": loop,
         "outputs": self.recorder.positions(len(self.history)),
-        "scheduler": self.scheduler.state_dict(),
+        "scheduler": self.parts.scheduler.state_dict(),
         "strategy": self.state,
-        # In-flight jobs by job id, as plain dicts (the format does not depend on where Job lives).
-        # Results already computed are not stored: they are recomputed on resume, identically.
-        "jobs": [{**dataclasses.asdict(job.dispatch), "params_start": job.params_start, "lr": job.lr,
-                  "dispatch_round": job.dispatch_round, "aux": job.aux} for _, job in sorted(self.jobs.items())],
-        "clients_key": self.executor.clients_key,
+        "jobs": list(self.jobs.values()),  # in dispatch order (their results are recomputed on resume)
+        "clients_key": self.parts.executor.clients_key,
     }
     self.recorder.save_checkpoint(step, snapshot)
 
@@ -380,28 +363,25 @@ class Simulation:
           f"the checkpoint {restored.step} in {self.recorder.checkpoints.directory} was made with a different "
           f"config ({'; '.join(diffs[:5])}); allowed: the same config (only {run_identity.what_may_change()} "
           "may change)")
-    snap = restored.snapshot
-    loop = LoopState.from_dict(snap["loop"])
+    snap, run = restored.snapshot, self.parts
+    loop = snap["loop"]
     if loop.now > self.budget:
       raise config_lib.ConfigError(
           f"sim.virtual_days={self.config.sim.virtual_days!r} is invalid for resuming this run; allowed: a "
           f"number >= {loop.now / config_lib.UNITS_PER_DAY!r} (the time of its last checkpoint)")
     self.state = snap["strategy"]
-    self.scheduler.load_state_dict(snap["scheduler"])
-    self.executor.clients_key = snap["clients_key"]  # (nothing was submitted yet: the executor is fresh)
-    for j in snap["jobs"]:
-      job = Job(Dispatch(j["job_id"], j["client"], j["dispatch_time"], j["arrival_time"]), j["params_start"],
-                j["lr"], j["dispatch_round"], j["aux"])
+    run.scheduler.load_state_dict(snap["scheduler"])
+    run.executor.clients_key = snap["clients_key"]  # (nothing was submitted yet: the executor is fresh)
+    for job in snap["jobs"]:
       self.jobs[job.dispatch.job_id] = job
-      self.executor.submit(job)
-    self.executor.train_seconds = loop.train_seconds
+      run.executor.submit(job)
+    run.executor.train_seconds = loop.train_seconds
     if loop.status == "completed" and loop.now < self.budget:
       loop.status = "running"  # a finished run given a larger sim.virtual_days goes on
     self.wall_start = time.perf_counter() - loop.wall_seconds
     loop.last_checkpoint = self.resumed_from = restored.step
     self.loop = loop
-    # (Checkpoints written before "outputs" existed kept the positions in "loop".)
-    self.history = self.recorder.rewind(snap.get("outputs", snap["loop"]))
+    self.history = self.recorder.rewind(snap["outputs"])
     _log.info("resumed %s from its checkpoint at day %.4f (round %d)", self.recorder.rundir.path,
               restored.step / config_lib.UNITS_PER_DAY, loop.round)
 

@@ -24,9 +24,11 @@ import heapq
 
 import numpy as np
 
+from fedpsa_jax import checkpoint
 from fedpsa_jax.sim.latency import LatencyModel
 
 
+@checkpoint.register_record  # (held by each in-flight `Job` a checkpoint saves)
 @dataclasses.dataclass(frozen=True)
 class Dispatch:
   """One client sent off: its job id, when it left and when its result will arrive."""

@@ -93,16 +93,12 @@ class ClientSide:
   - `regularizer`: `(params, params_start) -> scalar`, added to the loss (FedProx/FedAsync's proximal term);
   - `payload`: `(params_start, params_end, job: ClientJob) -> pytree`, what the client sends beside Δ
     (FedPSA's sketch; FedPAC's statistics; AiFed's upload decision), computed on the server's device,
-    where the data it may read lives;
-  - `payload_samples`: the payload's device work in training samples' worth (one sample's forward and
-    backward pass in an SGD step). Where the server's device also trains clients (the loop executor with
-    one or two devices), each arrival counts this much work on that device, so it is given fewer jobs.
+    where the data it may read lives.
   """
 
   loss: LocalLoss | None = None
   regularizer: Regularizer | None = None
   payload: Callable[[Params, Params, ClientJob], Any] | None = None
-  payload_samples: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -287,10 +287,7 @@ class FedPSA(Strategy):
         sensitivity.sketch_of, ctx.apply_fn, chunk_size=runtime.fisher_chunk_size,
         use_sensitivity=not h.no_sensitivity, method=runtime.fisher)
     self._sketch_inputs = (R, *map(jnp.asarray, calibration_batch(ctx, h.calibration, h.calibration_size)))
-    # The sketch's device work in training samples' worth (docs/performance.md, "Host devices"); under
-    # no_sensitivity the sketch is R vec(Θ) alone: no per-sample gradients to count.
-    payload_samples = 0 if h.no_sensitivity else 2 * int(h.calibration_size)
-    self.client = ClientSide(payload=self._client_payload, payload_samples=payload_samples)
+    self.client = ClientSide(payload=self._client_payload)
     self._alignment_fn = None
     if h.log_alignment:
       x, y = ctx.sample("test", min(h.alignment_batch_size, ctx.split_sizes["test"]), "alignment")
