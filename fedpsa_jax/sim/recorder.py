@@ -28,6 +28,7 @@ import tqdm.auto as tqdm
 
 from fedpsa_jax import checkpoint as checkpoint_lib
 from fedpsa_jax import errors, io, signals
+from fedpsa_jax.config import UNITS_PER_DAY, budget_units
 
 
 class Recorder:
@@ -38,7 +39,9 @@ class Recorder:
     built); None to write nothing. The recorder closes it, and with it the lock, in `close`."""
     self.config = config
     self.rundir = rundir
-    self.progress = tqdm.tqdm(total=round(config.sim.virtual_days, 4), unit="day", leave=True,
+    # The bar ends at the budget's exact day (whole units: 0.002 days is 173 units, 0.0020023 days), which the
+    # last evaluation reaches; a rounded total would be overshot.
+    self.progress = tqdm.tqdm(total=budget_units(config) / UNITS_PER_DAY, unit="day", leave=True,
                               disable=not config.runtime.progress,
                               bar_format="{l_bar}{bar}| {n:.3f}/{total:.3f} days [{elapsed}<{remaining}{postfix}]")
     self.checkpoints = (checkpoint_lib.CheckpointStore(rundir.file("checkpoints"), config.checkpoint.keep)
@@ -109,7 +112,7 @@ class Recorder:
       with self._writing(io.METRICS_FILE):
         self.rundir.append(io.METRICS_FILE, [record])
     self.progress.set_postfix(acc=f"{record['test_accuracy']:.4f}", round=record["round"], refresh=False)
-    self.progress.update(round(record["day"] - self.progress.n, 6))
+    self._progress_to(record["day"])
 
   def events(self, lines: Iterable[dict[str, Any]]) -> None:
     if self.rundir:
@@ -138,7 +141,7 @@ class Recorder:
       raise RuntimeError(f"{self.rundir.file(io.METRICS_FILE)} holds {len(history)} lines where the "
                          f"checkpoint recorded {positions['metrics_lines']}; it cannot continue exactly")
     if history:
-      self.progress.update(round(history[-1]["day"], 6))
+      self._progress_to(history[-1]["day"])
     return history
 
   def save_checkpoint(self, step: int, snapshot: dict[str, Any]) -> None:
@@ -162,6 +165,10 @@ class Recorder:
     if self.rundir:
       with contextlib.suppress(OSError):
         os.remove(self.rundir.file(io.SUMMARY_FILE))
+
+  def _progress_to(self, day: float) -> None:
+    """Moves the bar to `day` (never past its end)."""
+    self.progress.update(max(0.0, min(day, self.progress.total) - self.progress.n))
 
   def close_progress(self) -> None:
     self.progress.close()
