@@ -192,6 +192,12 @@ def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
                       "a workdir with a valid config.json, or an empty or new workdir") from None
   if saved is None:
     return created
+  old = run_identity.fields_of_an_older_schema(saved)
+  if old:
+    raise ConfigError(
+        f"--workdir={path!r} holds a run written by an older version of this code, whose config fields have "
+        f"since moved ({'; '.join(old[:3])}{'; ...' if len(old) > 3 else ''}); it cannot be resumed by this "
+        "version; allowed: another --workdir (the old run's outputs stay readable by --mode=report)")
   diffs = run_identity.identity_differences(saved, config_json(config))
   if diffs:
     shown = "; ".join(diffs[:5]) + (f"; and {len(diffs) - 5} more" if len(diffs) > 5 else "")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from fedpsa_jax.config.fields import MOVED_FIELDS, REMOVED_FIELDS
 from fedpsa_jax.config.schema import SHARED_SECTIONS
 
 # Fields that may differ between a run directory's config and the config that continues it, or that counts it
@@ -54,6 +55,14 @@ def identity_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -
     if va != vb:
       out.append(f"{key}: {va!r} -> {vb!r}")
   return out
+
+
+def fields_of_an_older_schema(saved: Mapping[str, Any]) -> list[str]:
+  """'old -> new' (or 'old: gone') for each field of a saved config that has moved or gone since it was written
+  (`config.fields.MOVED_FIELDS`, `REMOVED_FIELDS`): such a run directory belongs to an older version."""
+  flat = _flatten(saved)
+  return ([f"{old} -> {new}" for old, new in MOVED_FIELDS.items() if old in flat]
+          + [f"{old}: gone" for old in REMOVED_FIELDS if old in flat])
 
 
 def what_may_change() -> str:

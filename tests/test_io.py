@@ -143,3 +143,19 @@ def test_report_mode_reads_a_run_with_a_torn_last_line(tmp_path):
                         capture_output=True, text=True, timeout=240)
   assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
   assert "metrics.jsonl: line 2 is not valid JSON" in done.stderr
+
+
+def test_a_run_directory_of_an_older_schema_is_refused_naming_the_moved_fields(tmp_path):
+  """A config.json written before fields moved (here local.jobs_ahead, now runtime.jobs_ahead) is not resumed
+  (its identity cannot be compared field for field), and the one line says why and what to do."""
+  config = small_config("fedbuff")
+  saved = io.config_json(config)
+  saved["local"]["jobs_ahead"] = saved.pop("runtime")["jobs_ahead"]
+  os.makedirs(tmp_path / "old")
+  (tmp_path / "old" / "config.json").write_text(json.dumps(saved))
+  with pytest.raises(ConfigError, match=r"older version of this code.*local\.jobs_ahead -> runtime\.jobs_ahead.*"
+                     r"allowed: another --workdir"):
+    io.check_workdir(str(tmp_path / "old"), config)
+  (tmp_path / "new").mkdir()
+  (tmp_path / "new" / "config.json").write_text(json.dumps(io.config_json(config)))
+  io.check_workdir(str(tmp_path / "new"), config)  # the same config of this version: resumable
