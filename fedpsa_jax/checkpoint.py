@@ -69,7 +69,7 @@ logging.getLogger("absl").addFilter(_QuietOrbax())
 
 def _orbax():
   """orbax.checkpoint, imported at a run's first checkpoint (or restore) rather than with this module: with
-  tensorstore it is ~25 MB of resident memory that a run otherwise holds from its first step to its last."""
+  tensorstore it holds resident memory that a run would otherwise keep from its first step to its last."""
   import orbax.checkpoint as ocp
 
   return ocp

@@ -133,7 +133,7 @@ class LocalTrainer:
     part of a job's host time); unrolled, the shuffle is one call and then each chunk of steps one more.
     """
     # NumPy scalars, not jnp.asarray: jit's C++ dispatch takes them directly, where an eager conversion costs
-    # ~0.1 ms of host time each (benchmarks/host_overhead.py).
+    # host time per call (benchmarks/host_overhead.py).
     n, job = np.int32(num_samples), np.uint32(job_id)
     lr = np.float32(lr) if not isinstance(lr, jax.Array) else lr
     if self.loop == "rolled":  # (one call: nothing in flight between steps to save)
@@ -213,7 +213,7 @@ class LocalTrainer:
   def epoch_plan(self, num_samples: int) -> tuple[int, int]:
     """(full, rest): an epoch of `num_samples` samples is `full` batches of B rows, then (when rest > 0)
     the partial batch at `rest` rows, the next power of two >= n mod B (at least 8, at most B), masked
-    past n: on the default job (n ~ 80, B = 64) a partial batch padded to B was ~30% of all step work."""
+    past n (padded to B, the default job's partial batches were a large share of all step work)."""
     full, remainder = divmod(int(num_samples), self.batch_size)
     rest = min(self.batch_size, max(8, 1 << (remainder - 1).bit_length())) if remainder else 0
     return full, rest
@@ -373,9 +373,9 @@ def _run_epochs(params, anchor, lr, data, full, aux=(), *, trainer, rest):
 
 def resolve_loop(loop: str, platform: str | None = None, convolutional: bool = True) -> str:
   """What 'auto' stands for (docs/performance.md has the measurements): 'rolled' off the CPU; on a CPU
-  'unrolled' for a model with convolutions (XLA:CPU runs a convolution inside a loop body ~28x slower) and
-  'rolled' for one without (a dense model's steps are short, and one call per job instead of one per step
-  made FedBuff on the linear model ~30% faster, with the same bits)."""
+  'unrolled' for a model with convolutions (XLA:CPU runs a convolution inside a loop body far slower) and
+  'rolled' for one without (a dense model's steps are short: one call per job instead of one per step saves
+  the host's dispatches, with the same bits)."""
   if loop != "auto":
     return loop
   platform = platform or jax.default_backend()

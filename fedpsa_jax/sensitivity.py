@@ -83,9 +83,9 @@ def _sum_squared_grads(
   """Σ_k w_k (∇F_k)² over the batch (per-sample gradients squared), and m = Σ_k w_k.
 
   The batch is cut into static chunks of at most `chunk_size` samples by a Python loop, so the
-  traced program is unrolled: on CPU a `lax.map`/`scan`/`fori_loop` around conv computations runs
-  ~28x slower than the same work unrolled (measured), while unrolling only costs compile time. Only
-  one chunk's per-sample gradients need to be live at a time, bounding memory by chunk_size x |Θ|.
+  traced program is unrolled: on CPU a rolled loop around conv computations runs far slower, while unrolling
+  only costs compile time (docs/profiling.md, "Why the sensitivity code has the shape it has"). Only one
+  chunk's per-sample gradients need to be live at a time, bounding memory by chunk_size x |Θ|.
   """
   batch = x.shape[0]
   w, m = _weights(mask, batch)
@@ -97,10 +97,8 @@ def _sum_squared_grads(
     stop = min(start + step, batch)
     grads = _per_sample_grads(apply_fn, params, x[start:stop], y[start:stop])
     for j in range(stop - start):
-      # One elementwise update per sample rather than one `sum(axis=0)` over the stacked squares:
-      # XLA:CPU runs that major-axis reduction ~5x slower than materialising the per-sample
-      # gradients, while per-sample updates of a small chunk (<= ~12 consumers per gradient) get
-      # the dense layers' per-sample outer products fused away entirely (measured, MNIST CNN).
+      # One elementwise update per sample rather than one `sum(axis=0)` over the stacked squares: XLA:CPU
+      # then fuses the dense layers' per-sample outer products away (docs/profiling.md).
       wj = w[start + j]
       # `where`, not a product alone: a NaN gradient of a masked sample times 0 would still be NaN.
       total = jax.tree.map(
@@ -137,8 +135,7 @@ def fisher_diagonal(
   (1/m²)(Σ_k ∂F_k/∂θ_i)², a different and much smaller quantity once samples disagree).
   `chunk_size` bounds memory to chunk_size per-sample gradients at a time (`_sum_squared_grads`).
   On CPU it is also the speed knob: chunks of 4-8 let XLA fuse each dense layer's per-sample outer
-  products into the accumulation, while unchunked (None) materialises them all (MNIST CNN, 32
-  samples: ~60 ms at chunk 8 vs ~1 s unchunked, measured).
+  products into the accumulation, while unchunked (None) materialises them all (docs/profiling.md).
 
   `method`: 'per_sample' is the textbook `vmap(grad)` path above (the reference); 'factored' is the
   exact path of `fisher.py`, which never materialises per-sample dense or conv gradients; 'auto'
@@ -165,8 +162,8 @@ def sensitivity(
   g (the mean gradient) and F (the Fisher diagonal, Eq. 6) are both evaluated at `params` on the
   same calibration batch, as the paper prescribes. g comes from one batched backward pass rather
   than from the per-sample gradients already at hand: accumulating both sums from them doubles the
-  consumers of each per-sample gradient, which stops XLA:CPU from fusing them away (measured on the
-  MNIST CNN, 32 samples at chunk 8: ~0.9 s instead of ~0.15 s). The factored path (`method`, see
+  consumers of each per-sample gradient, which stops XLA:CPU from fusing them away (docs/profiling.md).
+  The factored path (`method`, see
   `fisher_diagonal`) yields g and F from its single backward pass.
   """
   if resolve_fisher_method(apply_fn, method) == "factored":
@@ -256,10 +253,10 @@ def sketch_of(
   `use_sensitivity=False`, R vec(Θ) (FedPSA's `no_sensitivity` ablation). `chunk_size` and `method` choose
   the Fisher path (`fisher_diagonal`).
 
-  Two compiled calls, the sensitivity (Eq. 8) and then its projection (Eq. 11); not one: compiled into the
-  sensitivity's program, the projection made the whole ~40% slower on XLA:CPU (MNIST CNN, 32 calibration
-  samples: 53 ms against 32 ms median, the same bits). R and the batch are arguments, so give them as device arrays made once: a closed-over R (100 MB-scale) would be
-  baked into the program, and a host array copied at every call. Traced inside another jit, the two calls
+  Two compiled calls, the sensitivity (Eq. 8) and then its projection (Eq. 11): compiled into one program the
+  whole ran slower on XLA:CPU, with the same bits (docs/profiling.md). R and the batch are arguments, so give
+  them as device arrays made once: a closed-over R would be baked into the program, and a host array copied
+  at every call. Traced inside another jit, the two calls
   are inlined into its program.
   """
   if not use_sensitivity:

@@ -134,7 +134,7 @@ def build_run(config: ml_collections.ConfigDict, compiles: CompileCounter | None
   strategy = strategies.get_strategy(config.method)(config, strategy_context(config, dataset, fed, model, params))
   # Committed to the server's device from the start: jit caches a program per committed/uncommitted
   # input, and every later state (outputs of jitted steps on committed inputs) is committed, so an
-  # uncommitted initial state compiled each server function twice (measured: ~5 s of a default run).
+  # uncommitted initial state would compile each server function twice.
   home = fed.home
   state = jax.tree.map(lambda x: jax.device_put(x, home) if isinstance(x, jax.Array) else x,
                        strategy.init(jax.device_put(params, home)))
