@@ -181,8 +181,8 @@ def enable_compilation_cache(path: str) -> bool:
   A sweep's members compile the same functions again and again (new closures, same HLO); the cache,
   keyed by HLO, backend and JAX version, spares a member most of its compiles (docs/performance.md). It
   must be set before this process compiles anything (JAX reads it once), so the sweep mode calls it before
-  any member runs and each Ray task calls it in its worker. Cached executables are the compiled code itself: results do not change.
-  Returns whether it was set here."""
+  any member runs and each Ray task calls it in its worker. Cached executables are the compiled code
+  itself: results do not change. Returns whether it was set here."""
   import jax
 
   if jax.config.jax_compilation_cache_dir:

@@ -5,8 +5,9 @@ name α, 0.1 is assumed. The report reads the accounting fields of each summary.
 (`client_compute_seconds`, `server_compute_seconds`, `bytes_uploaded`, `bytes_downloaded`, and per
 update `upload_bytes_per_update`, `download_bytes_per_update`): bars for compute, a line for
 communication, one panel per dataset. Compute seconds are wall-clock on the machine that ran the member,
-so compare members run on the same hardware; they are measured because `runtime.phase_timing` is on (the host
-waits for the devices at every event, so these runs are slower than untimed ones). `smoke`: embedded-data stand-ins (fedpsa_jax/paper.py).
+so compare members run on the same hardware; they are measured because `runtime.phase_timing` is on (the
+host waits for the devices at every event, so these runs are slower than untimed ones). `smoke`:
+embedded-data stand-ins (fedpsa_jax/paper.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ leaf modules `errors`, `validation` and `choices`; the strategy registry (which 
 a config is built or validated, not on import, so `io`, `sweep` and `report` import without JAX.
 """
 
-from fedpsa_jax.config.fields import MOVED_FIELDS, OVERRIDE_ALIASES, REMOVED_FIELDS, parse_arg, set_fields, unknown_field
+from fedpsa_jax.config.fields import (MOVED_FIELDS, OVERRIDE_ALIASES, REMOVED_FIELDS, parse_arg, set_fields,
+                                     unknown_field)
 from fedpsa_jax.config.rules import FIELD_RULES, DataSizes, config_errors, data_errors, validate, validate_data
 from fedpsa_jax.config.schema import (INT64_MAX, MAX_DAYS, RUNTIME_SECTION, SHARED_SECTIONS, UNITS_PER_DAY,
                                       base_config, budget_units, concurrency, eval_every_units, runtime_config)
