@@ -36,7 +36,7 @@ from fedpsa_jax.sim import runner
 from fedpsa_jax.sim.latency import LatencyModel
 from fedpsa_jax.sim.scheduler import Scheduler
 from fedpsa_jax.strategies.fedpsa import FedPSAState
-from test_runner import small_config
+from helpers import small_config
 
 strategies.load_all()  # so that the parametrisation below sees every registered strategy
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
