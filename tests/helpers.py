@@ -1,6 +1,6 @@
 """What several test files share: the repository's root, the short run configs of the end-to-end tests (runs
-of a few seconds on the embedded MNIST subset), and the model, arrivals and configs of the strategies' unit
-tests (tests/strategies/)."""
+of a few seconds on the embedded MNIST subset) and a tiny sweep of them, and the model, arrivals and configs of
+the strategies' unit tests (tests/strategies/)."""
 
 from __future__ import annotations
 

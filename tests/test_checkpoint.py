@@ -159,6 +159,7 @@ def resumable_config(method: str, days: float = 0.015):
   return c
 
 
+@pytest.mark.slow  # a whole run and its resume per strategy: 10-20 s each
 @pytest.mark.parametrize("method", sorted(strategies.registered()))
 def test_every_strategy_resumes_exactly_in_process(method, tmp_path):
   runner.Simulation(resumable_config(method), str(tmp_path / "whole")).run()

@@ -189,6 +189,7 @@ def _metrics(path):
   return [{k: v for k, v in r.items() if k not in TIMING} for r in io.read_jsonl(path)]
 
 
+@pytest.mark.slow  # a whole run per backend
 def test_run_metrics_do_not_depend_on_the_backend(tmp_path):
   runs = {}
   for execution in ("loop", "vmap", "vmap"):
