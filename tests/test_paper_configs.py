@@ -12,19 +12,15 @@ import os
 import pytest
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import api, sweep, paper
+from fedpsa_jax import api, paper, sweep
 from fedpsa_jax.strategies import fedpsa as fedpsa_lib
-from helpers import _readings_ctx, DELTA, GAMMA, K_SKETCH, PARAMS_KEY0, ROOT, ROOT as REPO
+from helpers import _readings_ctx, DELTA, GAMMA, K_SKETCH, PARAMS_KEY0, ROOT
 
 
 # --- configs/paper/table6.py --------------------------------------------------------------------------
 
 PAPER_VARIANTS = ["no_t", "no_s", "no_ts", "full"]
-
-
 TEMPS_VARIANTS = ["no_t", "no_t-T1", "no_t-Tdelta", "no_s", "no_ts", "no_ts-T1", "no_ts-Tdelta", "full"]
-
-
 # variant -> (no_temperature, no_sensitivity, the Temp of its softmax: None where the thermometer sets it)
 INTENDED = {"no_t": (True, False, 5.5), "no_t-T1": (True, False, 1.0), "no_t-Tdelta": (True, False, 0.5),
             "no_s": (False, True, None), "no_ts": (True, True, 5.5), "no_ts-T1": (True, True, 1.0),
@@ -145,7 +141,7 @@ def test_paper_config_arguments_are_checked():
 
 
 def _paper_config(arg):
-  spec = importlib.util.spec_from_file_location("paper_experiment", os.path.join(REPO, "configs/paper/experiment.py"))
+  spec = importlib.util.spec_from_file_location("paper_experiment", os.path.join(ROOT, "configs/paper/experiment.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(arg)

@@ -26,9 +26,6 @@ def cached_mnist_5k(monkeypatch):
 _cached_mnist_5k_raw = functools.cache(sources._mnist_5k_raw)
 
 
-# --- end to end ---------------------------------------------------------------------------------------
-
-
 def planted_config(method: str, days: float = 0.03, **fields):
   """Two planted client groups with disjoint labels ({0..4} and {5..9}), near-IID inside a group."""
   return small_config(method, model="linear", days=days, data__client_test_fraction=0.2,

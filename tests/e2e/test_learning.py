@@ -11,9 +11,6 @@ from fedpsa_jax.sim import runner
 from helpers import small_config
 
 
-# --- end to end -------------------------------------------------------------------------------------
-
-
 # FedPAC runs twice the budget: with λ = 1 on TinyMLP's 16 features the alignment term slows early
 # learning (0.60 after 0.03 days, against 0.72 with λ = 0), and it needs more rounds to pass 0.6.
 @pytest.mark.parametrize("method,model,days", [("ca2fl", "linear", 0.03), ("fedfa", "linear", 0.03),

@@ -14,7 +14,7 @@ import sys
 import pandas as pd
 import pytest
 
-from fedpsa_jax import sweep, io, paper, local
+from fedpsa_jax import io, paper, sweep
 from fedpsa_jax.sim import runner
 from helpers import _tiny_sweep, ROOT
 

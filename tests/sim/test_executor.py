@@ -487,6 +487,7 @@ def test_loop_counts_each_second_of_client_compute_once(jobs_ahead):
   assert depth["spans"] >= (2 if jobs_ahead == 0 else 1) * sim.loop.client_updates and depth["max"] == 1
 
 
+@pytest.mark.slow  # a whole run, cut and resumed, per method
 @pytest.mark.parametrize("method", ["fedpsa", "ca2fl"])
 def test_a_vmap_run_resumes_bit_for_bit(method, tmp_path):
   """A run killed after a checkpoint and resumed (its in-flight jobs recomputed together, in other calls

@@ -21,20 +21,6 @@ from helpers import (_add, _arrival, _close, _np_tree as _np, _random_like, AGGR
 from numerics import assert_close, f32_tolerance
 
 
-# --- helpers ----------------------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-# Server updates in float32 against float64 hands: a server update mixes a few arrivals per flush, and a few flushes chain in a test.
 # FedPAC's classifier weights come from SLSQP, run on float32 statistics in the code and on float64 ones here;
 # the solver stops at its own tolerance (1e-6 on the objective), far above float32 rounding.
 QP_TOL = 1e-4
