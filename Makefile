@@ -24,7 +24,8 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal $(ARGS)
 
-# The edit-test loop: everything but the tests marked slow (whole runs through launch.py, sweeps, the notebook).
+# The edit-test loop: everything but the tests marked slow (all of tests/e2e/: whole runs, launch.py subprocesses,
+# sweeps, the notebook; and a few slow module tests marked by hand).
 test-fast: $(STAMP)
 	$(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal -m "not slow" $(ARGS)
 
@@ -32,7 +33,8 @@ test-fast: $(STAMP)
 # AVX-512 machine's): a tolerance fitted to one CPU's bits fails here before it lands. CI runs it after `test`.
 # At the compiler optimisation users get (`test` compiles at level 0 for speed; see tests/conftest.py).
 NUMERICS_TESTS := tests/test_numerics.py tests/test_models.py tests/test_fisher.py tests/test_sensitivity.py tests/test_local.py \
-	tests/test_execution.py tests/test_strategies.py
+	tests/sim/test_executor.py tests/strategies/test_base.py tests/strategies/test_fedpsa.py tests/strategies/test_fedbuff.py \
+	tests/strategies/test_fedasync.py tests/strategies/test_fedavg.py
 test-avx2: $(STAMP)
 	FEDPSA_TEST_FULL_OPT=1 XLA_FLAGS="$(XLA_FLAGS) --xla_cpu_max_isa=AVX2" $(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal \
 		$(NUMERICS_TESTS) $(ARGS)

@@ -1,4 +1,5 @@
-"""One JAX persistent compilation cache for the whole test session, fast compiles, the `slow` marker.
+"""One JAX persistent compilation cache for the whole test session, fast compiles, the `slow` marker (which
+every test under tests/e2e/ gets without asking).
 
 Most of the suite's time is XLA compiling the same programs again: every test builds a fresh Simulation,
 whose jitted closures are new Python objects with the same HLO, in each of the xdist workers and in
@@ -20,8 +21,8 @@ _OWNED = "FEDPSA_TEST_OWNS_JAX_CACHE"  # set on the process that made the direct
 
 
 def pytest_configure(config: pytest.Config) -> None:
-  config.addinivalue_line("markers", "slow: a test of 10 s or more (subprocesses, whole sweeps, the notebook); "
-                          "`make test ARGS=\"-m 'not slow'\"` leaves them out of a quick run")
+  config.addinivalue_line("markers", "slow: a test of 10 s or more (whole runs, subprocesses, sweeps, the notebook): "
+                          "every test under tests/e2e/, and a few marked by hand; `make test-fast` leaves them out")
   _fast_compiles()
   # xdist workers inherit the controller's environment, so only the first process makes the directory;
   # subprocesses (launch.py) inherit it too. A cache set by the user is left as it is.
@@ -39,6 +40,17 @@ def pytest_configure(config: pytest.Config) -> None:
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+_E2E = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e") + os.sep
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+  """Marks every test under tests/e2e/ (whole runs) `slow`, so that nobody has to remember the mark."""
+  del config
+  for item in items:
+    if str(item.path).startswith(_E2E):
+      item.add_marker(pytest.mark.slow)
 
 
 def _fast_compiles() -> None:

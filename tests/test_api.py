@@ -27,7 +27,7 @@ TIMING = ("wall_seconds", "train_seconds", "client_updates_per_second")
 
 
 def small(method: str = "fedpsa", days: float = 0.02, **fields):
-  """A run of a few seconds: embedded MNIST, linear model, 20 clients (as tests/test_runner.py)."""
+  """A run of a few seconds: embedded MNIST, linear model, 20 clients (as tests/sim/test_runner.py)."""
   return fj.config_from(None, {"method": method, "data.name": "mnist_5k", "model.name": "linear",
                                "partition.num_clients": 20, "partition.alpha": 1.0, "sim.concurrency": 0.5,
                                "local.epochs": 1, "local.lr": 0.05, "sim.virtual_days": days,

@@ -36,7 +36,7 @@ from fedpsa_jax.sim import runner
 from fedpsa_jax.sim.latency import LatencyModel
 from fedpsa_jax.sim.scheduler import Scheduler
 from fedpsa_jax.strategies.fedpsa import FedPSAState
-from test_runner import small_config
+from helpers import small_config
 
 strategies.load_all()  # so that the parametrisation below sees every registered strategy
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -159,6 +159,7 @@ def resumable_config(method: str, days: float = 0.015):
   return c
 
 
+@pytest.mark.slow  # a whole run and its resume per strategy: 10-20 s each
 @pytest.mark.parametrize("method", sorted(strategies.registered()))
 def test_every_strategy_resumes_exactly_in_process(method, tmp_path):
   runner.Simulation(resumable_config(method), str(tmp_path / "whole")).run()

@@ -1,18 +1,15 @@
-"""What a user sees on the console: the run's own lines, not the libraries' info logs (unless --verbose)."""
+"""What a user sees on the console: the run's own lines, not the libraries' info logs (unless --verbose);
+a whole run's console is checked in tests/e2e/test_console_run.py.
+"""
 
 from __future__ import annotations
 
 import logging as std_logging
-import os
-import subprocess
-import sys
 
 import pytest
 from absl import logging
 
 from fedpsa_jax.cli import modes
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -30,21 +27,3 @@ def test_quiet_library_logs_keeps_warnings_and_drops_info_lines(restore_levels):
   for name in ("jax._src.xla_bridge", "tensorflow_datasets", "absl"):
     logger = std_logging.getLogger(name)
     assert not logger.isEnabledFor(std_logging.INFO) and logger.isEnabledFor(std_logging.WARNING), name
-
-
-@pytest.mark.slow
-def test_the_console_of_a_run_is_the_bar_and_the_result_lines(tmp_path):
-  """A whole short run: no absl/JAX info line (they start with 'I' and a date, e.g. JAX's search for a TPU)
-  unless --verbose asks for them."""
-  base = [sys.executable, "launch.py", "--config=configs/default.py", "--config.model.name=linear",
-          "--config.sim.virtual_days=0.002", "--config.runtime.progress=False"]
-  quiet = subprocess.run([*base, f"--workdir={tmp_path / 'quiet'}"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
-  assert quiet.returncode == 0, quiet.stderr
-  lines = (quiet.stdout + quiet.stderr).splitlines()
-  assert not [line for line in lines if line[:1] == "I" and line[1:5].isdigit()], lines
-  assert lines[-2].startswith("fedpsa on mnist_5k: completed") and lines[-1].startswith("outputs in ")
-  verbose = subprocess.run([*base, "--verbose", f"--workdir={tmp_path / 'verbose'}"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=300)
-  assert verbose.returncode == 0 and any(line[:1] == "I" and line[1:5].isdigit()
-                                         for line in verbose.stderr.splitlines()), verbose.stderr

@@ -106,7 +106,7 @@ SIMILARITIES = ("update", "weights")
 OMEGA_CLOCKS = ("updates", "time")
 
 
-# --- the formulas (host floats; each against a hand computation in tests/test_casa.py) ----------------
+# --- the formulas (host floats; each against a hand computation in tests/strategies/test_casa.py) -----
 
 
 def omega(t: float, k: float) -> float:

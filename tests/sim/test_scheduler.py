@@ -1,15 +1,17 @@
-"""The virtual clock (docs/simulation.md) driven directly, with a fake buffered "strategy" and own bookkeeping;
-and the latency distributions against their documented laws."""
+"""The virtual clock (sim/scheduler.py, docs/simulation.md) driven directly, with a fake buffered "strategy"
+and its own bookkeeping: the asynchronous invariants over a long run, resampled and fixed response times,
+dispatches before the arrivals of the same time, same-time arrivals popped together, held clients, and the
+synchronous (FedAvg) mode.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy import stats
 
-from fedpsa_jax.sim import latency as latency_lib
 from fedpsa_jax.sim.latency import LatencyModel
 from fedpsa_jax.sim.scheduler import Scheduler
+
 
 N, C, LOW, HIGH = 50, 10, 10, 500
 
@@ -263,58 +265,3 @@ def test_sync_no_cohort_while_any_client_held():
 def test_invalid_mode_rejected():
   with pytest.raises(ValueError, match="dispatch_mode"):
     Scheduler(N, C, _latency(), np.random.default_rng(0), mode="bogus")
-
-
-# --- latency ----------------------------------------------------------------------------------------
-
-
-def test_uniform_draws_cover_range():
-  x = latency_lib.draw_response_times("uniform", 200_000, LOW, HIGH, 1.0, np.random.default_rng(0))
-  assert x.min() == LOW and x.max() == HIGH
-  assert np.issubdtype(x.dtype, np.integer)
-  counts = np.bincount(x - LOW, minlength=HIGH - LOW + 1)
-  assert len(counts) == HIGH - LOW + 1 and counts.min() > 0
-  # Uniform: a chi-square test on the 491 values.
-  assert stats.chisquare(counts).pvalue > 1e-3
-
-
-def _bounded_pareto_cdf(x, low, high, a):
-  x = np.clip(x, low, high)
-  return (1.0 - (low / x) ** a) / (1.0 - (low / high) ** a)
-
-
-@pytest.mark.parametrize("shape", [1.0, 2.0, 0.5])
-def test_long_tail_is_floored_bounded_pareto(shape):
-  n = 100_000
-  x = latency_lib.draw_response_times("long_tail", n, LOW, HIGH, shape, np.random.default_rng(1))
-  assert np.issubdtype(x.dtype, np.integer)
-  assert x.min() >= LOW and x.max() <= HIGH
-  # Draws are floored to integers. floor(X) + U(0, 1) has as CDF the linear interpolation of the
-  # bounded-Pareto CDF F between integers: P(Y <= y) = F(k) + (F(k+1) - F(k)) (y - k), k = floor(y).
-  jitter = x + np.random.default_rng(2).random(n)
-
-  def cdf(y, a=shape):
-    k = np.floor(y)
-    return _bounded_pareto_cdf(k, LOW, HIGH, a) + (
-        _bounded_pareto_cdf(k + 1, LOW, HIGH, a) - _bounded_pareto_cdf(k, LOW, HIGH, a)) * (y - k)
-
-  assert stats.kstest(jitter, cdf).pvalue > 1e-3
-  # The test has power: a different shape is rejected.
-  assert stats.kstest(jitter, lambda y: cdf(y, a=shape * 1.5)).pvalue < 1e-6
-  # Median where the formula puts it: floor of low / (1 - (1 - (low/high)^a) / 2)^(1/a).
-  median = np.floor(LOW * (1 - 0.5 * (1 - (LOW / HIGH) ** shape)) ** (-1 / shape))
-  assert abs(np.median(x) - median) <= 1
-
-
-def test_long_tail_default_clusters_near_low():
-  x = latency_lib.draw_response_times("long_tail", 50_000, LOW, HIGH, 1.0, np.random.default_rng(3))
-  # Documented in latency.py: median about 20, 90% within ~90 units, a tail up to 500.
-  assert 15 <= np.median(x) <= 25
-  assert np.median(x) < (LOW + HIGH) / 2 / 5
-  assert 80 <= np.quantile(x, 0.9) <= 100
-  assert x.max() > 400
-
-
-def test_unknown_distribution_rejected():
-  with pytest.raises(ValueError, match="sim.latency.distribution"):
-    latency_lib.draw_response_times("gamma", 3, LOW, HIGH, 1.0, np.random.default_rng(0))

@@ -28,9 +28,8 @@ from fedpsa_jax import io
 from fedpsa_jax import metrics
 from fedpsa_jax.data import sources
 from fedpsa_jax.sim import runner
-from test_runner import small_config
+from helpers import ROOT, small_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = set(runner.TIMING_FIELDS)
 _cached_mnist_5k_raw = functools.cache(sources._mnist_5k_raw)
 

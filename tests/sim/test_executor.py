@@ -21,10 +21,9 @@ from fedpsa_jax.sim import executor as executor_lib
 from fedpsa_jax.sim import runner
 from fedpsa_jax.sim.scheduler import Dispatch
 from fedpsa_jax.config import set_fields
-from helpers import small_config
+from helpers import ROOT, small_config
 from numerics import assert_close, f32_tolerance
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = set(runner.TIMING_FIELDS)
 
 
@@ -73,7 +72,6 @@ def test_a_vmapped_job_gives_the_same_bits_in_any_company():
       assert all(np.array_equal(a, b) for a, b in zip(bits(got), bits(together[job.dispatch.job_id])))
 
 
-
 # FedPAC exercises aux, a local loss and a data-dependent payload; FedPSA's sketch payload is compared in the
 # two-device test below.
 @pytest.mark.parametrize("method,model", [("fedpac", "tiny_mlp")])
@@ -105,9 +103,9 @@ def test_batched_results_equal_per_job_results(method, model):
 
 SHARDED_SCRIPT = """
 import json, sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {tests!r} + "/sim"]
 import jax, numpy as np
-from test_execution import TRAINING_TOL, _checksums, _jobs, _results
+from test_executor import TRAINING_TOL, _checksums, _jobs, _results
 from fedpsa_jax.sim import runner
 from fedpsa_jax.config import set_fields
 from helpers import small_config
@@ -191,6 +189,7 @@ def _metrics(path):
   return [{k: v for k, v in r.items() if k not in TIMING} for r in io.read_jsonl(path)]
 
 
+@pytest.mark.slow  # a whole run per backend
 def test_run_metrics_do_not_depend_on_the_backend(tmp_path):
   runs = {}
   for execution in ("loop", "vmap", "vmap"):
@@ -365,7 +364,7 @@ def test_jobs_ahead_is_a_validated_field_that_never_changes_a_run(tmp_path):
 
 JOBS_AHEAD_SCRIPT = """
 import json, sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {tests!r} + "/sim"]
 import jax
 from fedpsa_jax.sim import executor as executor_lib, runner
 from helpers import small_config
@@ -405,9 +404,9 @@ def test_jobs_ahead_never_changes_a_run_on_two_host_devices():
 
 THREE_DEVICES_SCRIPT = """
 import json, sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {tests!r} + "/sim"]
 import jax, numpy as np
-from test_execution import _checksums, _jobs
+from test_executor import _checksums, _jobs
 from fedpsa_jax.sim import executor as executor_lib, runner
 from fedpsa_jax.config import set_fields
 from helpers import small_config
@@ -488,6 +487,7 @@ def test_loop_counts_each_second_of_client_compute_once(jobs_ahead):
   assert depth["spans"] >= (2 if jobs_ahead == 0 else 1) * sim.loop.client_updates and depth["max"] == 1
 
 
+@pytest.mark.slow  # a whole run, cut and resumed, per method
 @pytest.mark.parametrize("method", ["fedpsa", "ca2fl"])
 def test_a_vmap_run_resumes_bit_for_bit(method, tmp_path):
   """A run killed after a checkpoint and resumed (its in-flight jobs recomputed together, in other calls

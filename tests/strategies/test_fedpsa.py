@@ -1,12 +1,22 @@
-"""Server math of the strategies on hand-made arrivals, against references written out in NumPy.
+"""FedPSA's server (strategies/fedpsa.py) on hand-made arrivals, against Algorithm 1 written out in NumPy
+(`RefFedPSA`): uniform weights until the queue fills, then the softmax of κ / Temp; overflow at one time; the
+client's sensitivity sketch; the w/o T and w/o S ablations and the fixed-temperature "w/o T" readings with their
+validation; and the server's work per round.
 
-FedPSA's κ is controlled through the payloads: the test sets the state's `global_sketch` and gives
-each arrival a k-vector of its choice, so κ = cos(payload, global_sketch) is known by hand.
+κ is controlled through the payloads: the test sets the state's `global_sketch` and gives each arrival a
+k-vector of its choice, so κ = cos(payload, global_sketch) is known by hand (Eq. 19: Weight_i =
+exp(κ_i / Temp) / Σ_j exp(κ_j / Temp)).
+
+A round is counted where XLA runs it (`pxla.ExecuteReplicated.__call__`), with JAX's C++ dispatch fast path
+turned off for the span (it would run a cached executable without passing through Python), so every jitted
+function and every eager op counts: two jitted calls at the flush (the aggregation, the new global model's
+sketch), none at the receives before it; a hidden per-arrival op would show.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 
 import jax
@@ -14,74 +24,25 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from jax._src import pjit
+from jax._src.interpreters import pxla
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import seeding, sensitivity, strategies
-from fedpsa_jax.compiles import CompileCounter
-from fedpsa_jax.models import TinyMLP
+from fedpsa_jax import seeding, sensitivity, checkpoint
 from fedpsa_jax.strategies import Arrival
-from fedpsa_jax.strategies.fedasync import FedAsync, staleness_weight
-from fedpsa_jax.strategies.fedavg import FedAvg
-from fedpsa_jax.strategies.fedbuff import FedBuff
+from fedpsa_jax.strategies import fedpsa as fedpsa_lib
 from fedpsa_jax.strategies.fedpsa import FedPSA
-from helpers import strategy_context
+from helpers import (_arrival, _calibration, _close, _ctx, _flat, _np_tree, _random_like, _readings_ctx, DELTA, GAMMA,
+                     K_SKETCH, NUM_CLASSES, PARAMS0, PARAMS_KEY0)
 from numerics import assert_close, f32_tolerance
 
-K_SKETCH = 6  # sketch_dim k of the FedPSA tests
-NUM_CLASSES = 3
-HIDDEN = 5
 
-
-# --- helpers ----------------------------------------------------------------------------------------
-
-
-def _calibration():
-  rng = np.random.default_rng(11)
-  x = rng.normal(size=(8, 4)).astype(np.float32)
-  y = rng.integers(0, NUM_CLASSES, size=8).astype(np.int32)
-  return jnp.asarray(x), jnp.asarray(y)
-
-
-MODEL = TinyMLP(num_classes=NUM_CLASSES, hidden=HIDDEN)
-PARAMS0 = MODEL.init(jax.random.key(3), jnp.zeros((1, 4), jnp.float32))
-
-
-def _ctx(num_clients=6, sizes=None, concurrency=3, seed=0):
-  return strategy_context(MODEL, PARAMS0, num_clients=num_clients, sizes=sizes, concurrency=concurrency,
-                          num_classes=NUM_CLASSES, seed=seed, train_batch=_calibration())
-
-
-def _np_tree(tree):
-  return jax.tree.map(lambda x: np.asarray(x, np.float64), tree)
-
-
-def _flat(tree) -> np.ndarray:
-  """Hand ravel of a TinyMLP-shaped (or any nested-dict) tree: keys sorted, each leaf row-major."""
-  if isinstance(tree, dict) or hasattr(tree, "keys"):
-    return np.concatenate([_flat(tree[k]) for k in sorted(tree.keys())])
-  return np.asarray(tree, np.float64).ravel()
-
-
-def _random_like(tree, rng, scale=1.0):
-  return jax.tree.map(lambda x: jnp.asarray(scale * rng.normal(size=np.shape(x)), jnp.float32), tree)
-
-
-def _arrival(client, delta, payload=(), staleness=0, num_samples=10, start=None):
-  start = jax.tree.map(jnp.zeros_like, delta) if start is None else start
-  return Arrival(client=client, num_samples=num_samples, staleness=staleness, dispatch_round=0,
-                 params_start=start, delta=delta, payload=payload)
-
-
-# Server updates in float32 against float64 hands: a server update mixes a few arrivals per flush, and up to 25 flushes chain in a test.
-AGGREGATION_TOL = f32_tolerance(4, depth=25)
 # Sketches R θ (d = 43 parameters per entry) and R s, whose Eq. 8 sensitivity s = |gθ − ½Fθ²| sums the 8
 # calibration samples' gradients and then cancels two terms of its own.
 RAW_SKETCH_TOL = f32_tolerance(43)
+
+
 SKETCH_TOL = f32_tolerance(43 * 8, depth=3)
-
-
-def _close(actual, expected, rel=AGGREGATION_TOL):
-  assert_close(actual, expected, rel)
 
 
 def _cos(a, b):
@@ -462,346 +423,209 @@ def test_fedpsa_sensitivity_sketch_differs_from_param_sketch():
   assert abs(_cos(a, b)) < 0.99
 
 
-# --- FedBuff ----------------------------------------------------------------------------------------
-
-TINY = {"w": jnp.array([1.0, -2.0, 0.5]), "b": jnp.array([[0.25, 3.0]])}
+NUM_PARAMS = sum(np.size(x) for x in jax.tree.leaves(PARAMS0))
 
 
-def _tiny_delta(rng):
-  return jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32), TINY)
+@contextlib.contextmanager
+def count_executions():
+  """Yields a Counter of XLA executions by program name ('jit(_aggregate)', 'jit(add)', ...) made inside the
+  block. JAX's caches are cleared on entry and exit, so no call inside can take the C++ path."""
+  counts: collections.Counter[str] = collections.Counter()
+  call, fastpath = pxla.ExecuteReplicated.__call__, pjit._get_fastpath_data
+
+  def counted_call(self, *args):
+    counts[self.name] += 1
+    return call(self, *args)
+
+  pxla.ExecuteReplicated.__call__ = counted_call
+  pjit._get_fastpath_data = lambda *args, **kwargs: None  # no fast-path entry: every call goes through Python
+  jax.clear_caches()
+  try:
+    yield counts
+  finally:
+    pxla.ExecuteReplicated.__call__, pjit._get_fastpath_data = call, fastpath
+    jax.clear_caches()
 
 
-def _fedbuff(k=3, server_lr=0.7):
-  cfg = config_lib.base_config()
-  cfg.method = "fedbuff"
-  cfg.fedbuff.buffer_size = k
-  cfg.fedbuff.server_lr = server_lr
-  strategy = FedBuff(cfg, _ctx())
-  return strategy, strategy.init(TINY)
+def _arrivals(rng, n: int, first: int = 0) -> list:
+  return [_arrival(first + i, _random_like(PARAMS0, rng, rng.uniform(0.01, 0.3)),
+                   jnp.asarray(rng.normal(size=K_SKETCH), jnp.float32)) for i in range(n)]
 
 
-def test_fedbuff_flush_by_hand():
-  strategy, state = _fedbuff(k=3, server_lr=0.7)
+def _groups(items: list, sizes: tuple[int, ...]) -> list[list]:
+  starts = np.cumsum((0, *sizes))
+  assert starts[-1] == len(items)
+  return [items[a:b] for a, b in zip(starts[:-1], starts[1:])]
+
+
+def test_counter_sees_eager_ops_and_the_fast_path():
+  # The counter itself: an eager op and a warm jitted function (cached, so normally on the C++ path) count.
+  f = jax.jit(lambda x: x * 2)
+  x = jnp.arange(3.0)
+  f(x), f(x)
+  with count_executions() as counts:
+    f(x), f(x), x + 1, x[1]
+  assert counts["jit(<lambda>)"] == 2 and sum(counts.values()) >= 4, counts
+
+
+@pytest.mark.parametrize("buffer_size,sizes", [(3, (1, 1, 1)), (9, (1,) * 9), (9, (2, 3, 4)), (3, (1, 3))])
+def test_a_round_is_three_jitted_calls_however_many_arrivals(buffer_size, sizes):
+  strategy, state = _fedpsa(buffer_size=buffer_size, queue_length=4)
   rng = np.random.default_rng(0)
-  taus = [0, 1, 3]
-  deltas = [_tiny_delta(rng) for _ in taus]
-  w = _np_tree(TINY)
-  for i, (tau, d) in enumerate(zip(taus, deltas)):
-    state, changed = strategy.receive(state, [_arrival(i, d, staleness=tau)])
-    assert changed == (i == 2)
-    if not changed:
-      _close(state.params, w)
-  scale = [0.7 / 3 * (1.0 + t) ** -0.5 for t in taus]  # η (1/|buf|) (1+τ)^(-1/2)
-  np.testing.assert_allclose(np.asarray(state.last_weights), scale, rtol=1e-6)
-  expected = jax.tree.map(lambda a, *ds: a + sum(s * d for s, d in zip(scale, ds)), w,
-                          *[_np_tree(d) for d in deltas])
-  _close(state.params, expected)
-  assert state.deltas == ()
+  # Two rounds: the queue (L_q = 4) fills during the first or the second, and both are counted.
+  rounds = [_groups(_arrivals(rng, sum(sizes), 100 * r), sizes) for r in range(2)]
+  for groups in rounds:
+    for group in groups[:-1]:
+      with count_executions() as counts:
+        state, changed = strategy.receive(state, group)
+      assert not changed and sum(counts.values()) == 0, counts  # no device work before the flush
+    with count_executions() as counts:
+      state, changed = strategy.receive(state, groups[-1])
+    # (The aggregation, then the new global model's sensitivity and its projection: sensitivity.sketch_of.)
+    assert changed and counts == {"jit(_aggregate)": 1, "jit(_sensitivity_of)": 1, "jit(sketch)": 1}, counts
+    with count_executions() as counts:
+      diagnostics = strategy.diagnostics(state)
+    assert sum(counts.values()) == 0, counts
+    assert isinstance(diagnostics["temperature"], jax.Array) and diagnostics["kappa"].shape == (sum(sizes),)
+  assert state.queue_count == 2 * sum(sizes) >= 4 and float(state.m0) > 0
 
 
-def test_fedbuff_same_time_overflow_and_next_buffer_starts_empty():
-  strategy, state = _fedbuff(k=2, server_lr=1.0)
+def test_event_records_hold_kappa_and_norm_of_each_arrival_at_and_between_flushes():
+  strategy, state = _fedpsa(buffer_size=3, queue_length=4)
+  # A stand-in for the Fig. 6 alignment (the test's context has no test split): known values per arrival.
+  strategy._alignment_fn = jax.jit(lambda server, starts, deltas: 0.25 + jnp.arange(len(deltas), dtype=jnp.float32))
   rng = np.random.default_rng(1)
-  taus = [2, 0, 8]
-  group = [_arrival(i, _tiny_delta(rng), staleness=t) for i, t in enumerate(taus)]
-  w = _np_tree(TINY)
-  state, changed = strategy.receive(state, group)
-  assert changed
-  scale = [(1.0 + t) ** -0.5 / 3 for t in taus]
-  w = jax.tree.map(lambda a, *ds: a + sum(s * d for s, d in zip(scale, ds)), w,
-                   *[_np_tree(a.delta) for a in group])
-  _close(state.params, w)
-  # One more arrival alone is below K again: no flush, params unchanged.
-  state, changed = strategy.receive(state, [_arrival(5, _tiny_delta(rng), staleness=1)])
-  assert not changed
-  _close(state.params, w)
+  g = rng.normal(size=K_SKETCH)
+  state = state.replace(global_sketch=jnp.asarray(g, jnp.float32))
+  # Receives of 1 and 1 arrival (buffered), then 3 at once (a flush of 5, overflowing L_s = 3), then 2 (buffered
+  # against the new global sketch).
+  for group, flush in ((_arrivals(rng, 1), False), (_arrivals(rng, 1, 10), False), (_arrivals(rng, 3, 20), True),
+                       (_arrivals(rng, 2, 30), False)):
+    sketch = np.asarray(state.global_sketch, np.float64)  # what κ compares against: the sketch before the flush
+    state, changed = strategy.receive(state, group)
+    assert changed == flush
+    with count_executions() as counts:
+      records = strategy.event_records(state, group)
+    assert sum(counts.values()) == 1, counts  # one small call: computed now, or picked from the flush's vectors
+    records = jax.device_get(records)
+    assert [set(r) for r in records] == [{"kappa", "delta_sq_norm", "alignment"}] * len(group)
+    kappas = [_cos(a.payload, sketch) for a in group]
+    norms = [float(np.sum(_flat(_np_tree(a.delta)) ** 2)) for a in group]
+    assert_close([r["kappa"] for r in records], kappas, f32_tolerance(K_SKETCH))
+    assert_close([r["delta_sq_norm"] for r in records], norms, f32_tolerance(NUM_PARAMS))
+    np.testing.assert_array_equal([r["alignment"] for r in records], 0.25 + np.arange(len(group)))
+    if flush:  # the flush's own vectors: the buffered 2 first, then these 3
+      assert_close(state.last_norms[-3:], norms, f32_tolerance(NUM_PARAMS))
+      assert state.last_kappas.shape == state.last_norms.shape == (5,)
 
 
-# --- FedAsync ---------------------------------------------------------------------------------------
-
-
-def _fedasync(kind="polynomial", alpha=0.6, a=0.5, b=4, mu=0.005):
-  cfg = config_lib.base_config()
-  cfg.method = "fedasync"
-  cfg.fedasync.staleness = kind
-  cfg.fedasync.alpha = alpha
-  cfg.fedasync.a = a  # the polynomial's exponent
-  cfg.fedasync.hinge_a, cfg.fedasync.hinge_b = a, b  # the hinge's own a and b (_hand_s uses the same pair)
-  cfg.fedasync.prox_mu = mu
-  strategy = FedAsync(cfg, _ctx())
-  return strategy, strategy.init(TINY)
-
-
-def _hand_s(kind, tau, a, b):
-  if kind == "constant":
-    return 1.0
-  if kind == "polynomial":
-    return (tau + 1.0) ** (-a)
-  return 1.0 if tau <= b else 1.0 / (a * (tau - b) + 1.0)
-
-
-@pytest.mark.parametrize("kind,a,b", [("constant", 0.5, 4), ("polynomial", 0.5, 4), ("polynomial", 1.3, 4),
-                                      ("hinge", 10.0, 4), ("hinge", 0.7, 2)])
-def test_fedasync_staleness_functions(kind, a, b):
-  taus = np.array([0, 1, 2, 3, 4, 5, 7, 20])
-  got = np.asarray(staleness_weight(jnp.asarray(taus), kind, a, b))
-  np.testing.assert_allclose(got, [_hand_s(kind, t, a, b) for t in taus], rtol=1e-6)
-
-
-def test_fedasync_hinge_values_spelled_out():
-  # a = 10, b = 4: τ <= 4 -> 1; τ = 5 -> 1/11; τ = 7 -> 1/31.
-  got = np.asarray(staleness_weight(jnp.asarray([4, 5, 7]), "hinge", 10.0, 4))
-  np.testing.assert_allclose(got, [1.0, 1 / 11, 1 / 31], rtol=1e-6)
-  np.testing.assert_allclose(np.asarray(staleness_weight(jnp.asarray([3]), "polynomial", 0.5, 4)), [0.5])
-
-
-@pytest.mark.parametrize("kind,tau", [("constant", 3), ("polynomial", 3), ("polynomial", 0),
-                                      ("hinge", 2), ("hinge", 7)])
-def test_fedasync_single_arrival_mix(kind, tau):
-  alpha, a, b = 0.6, 0.5, 4
-  strategy, state = _fedasync(kind, alpha=alpha, a=a, b=b)
-  rng = np.random.default_rng(0)
-  start = _tiny_delta(rng)  # a stale start, different from the current global model
-  delta = _tiny_delta(rng)
-  state, changed = strategy.receive(state, [_arrival(0, delta, staleness=tau, start=start)])
-  assert changed
-  m = alpha * _hand_s(kind, tau, a, b)
-  expected = jax.tree.map(lambda w, s0, d: (1 - m) * w + m * (s0 + d), _np_tree(TINY), _np_tree(start),
-                          _np_tree(delta))
-  _close(state.params, expected)
-
-
-def test_fedasync_two_same_time_arrivals_mixed_then_averaged_by_size():
-  alpha, a = 0.6, 0.5
-  strategy, state = _fedasync("polynomial", alpha=alpha, a=a)
-  rng = np.random.default_rng(1)
-  arrivals = [_arrival(0, _tiny_delta(rng), staleness=0, num_samples=10, start=_tiny_delta(rng)),
-              _arrival(1, _tiny_delta(rng), staleness=8, num_samples=30, start=_tiny_delta(rng))]
-  state, changed = strategy.receive(state, arrivals)
-  assert changed
-  w = _np_tree(TINY)
-  mixed = []
-  for arr in arrivals:
-    m = alpha * (arr.staleness + 1.0) ** -a
-    mixed.append(jax.tree.map(lambda x, s0, d: (1 - m) * x + m * (s0 + d), w, _np_tree(arr.params_start),
-                              _np_tree(arr.delta)))
-  _close(state.params, jax.tree.map(lambda p, q: 0.25 * p + 0.75 * q, *mixed))
-
-
-def test_fedasync_more_same_time_arrivals_compile_nothing_new():
-  """Warm with one and two arrivals; 3, 4 and 5 arrivals at one event time then compile nothing (one
-  program per arrival, not per count), and 5 arrivals still give the size-weighted mix of each."""
-  alpha, a = 0.6, 0.5
-  strategy, state = _fedasync("polynomial", alpha=alpha, a=a)
-  rng = np.random.default_rng(4)
-
-  def arrivals(n):
-    return [_arrival(i, _tiny_delta(rng), staleness=i, num_samples=10 * (i + 1), start=_tiny_delta(rng))
-            for i in range(n)]
-
-  for n in (1, 2):
-    state, _ = strategy.receive(state, arrivals(n))
-  jax.block_until_ready(state.params)
-  with CompileCounter() as counter:
-    for n in (3, 4):
-      state, _ = strategy.receive(state, arrivals(n))
-    last = arrivals(5)
-    before = _np_tree(state.params)
-    state, _ = strategy.receive(state, last)
-    jax.block_until_ready(state.params)
-  assert counter.count == 0, counter.by_function
-  sizes = np.array([arr.num_samples for arr in last], np.float64)
-  mixed = []
-  for arr in last:
-    m = alpha * (arr.staleness + 1.0) ** -a
-    mixed.append(jax.tree.map(lambda x, s0, d: (1 - m) * x + m * (s0 + d), before, _np_tree(arr.params_start),
-                              _np_tree(arr.delta)))
-  _close(state.params, jax.tree.map(lambda *ps: sum(p * s for p, s in zip(ps, sizes / sizes.sum())), *mixed))
-
-
-def test_fedasync_every_receive_is_a_round():
-  strategy, state = _fedasync()
+def test_checkpoint_mid_buffer_then_continuing_gives_the_same_params_bit_for_bit(tmp_path):
+  lq, ls, gamma, delta = 4, 3, 0.8, 0.1
+  strategy, state = _fedpsa(buffer_size=ls, queue_length=lq, gamma=gamma, delta=delta)
+  ref = RefFedPSA(PARAMS0, ls, lq, gamma, delta)
   rng = np.random.default_rng(2)
-  for i in range(4):
-    state, changed = strategy.receive(state, [_arrival(i, _tiny_delta(rng), staleness=i)])
-    assert changed is True
+  g = np.asarray(state.global_sketch, np.float64)
+  before, after = _groups(_arrivals(rng, 5), (2, 1, 2)), _groups(_arrivals(rng, 7, 50), (1, 2, 1, 3))
+  for group in before:  # one flush (at the 3rd arrival), then 2 arrivals buffered
+    state, changed = strategy.receive(state, group)
+    assert changed == ref.receive(group, g)
+    g = np.asarray(state.global_sketch, np.float64)  # (changed at a flush only, in both)
+  assert len(state.sketches) == 2 and state.queue_count == 3
+  store = checkpoint.CheckpointStore(str(tmp_path / "checkpoints"), keep=1)
+  store.save(1, {"state": state}, {"seed": 0})
+  restored = store.restore_latest().snapshot["state"]
+  store.close()
+  assert type(restored) is type(state) and restored.queue_count == 3 and len(restored.sketches) == 2
+  states = [state, restored]
+  for group in after:  # three more flushes: the queue fills inside the first
+    results = [strategy.receive(s, group) for s in states]
+    states = [s for s, _ in results]
+    assert [c for _, c in results] == [ref.receive(group, g)] * 2
+    g = np.asarray(states[0].global_sketch, np.float64)
+  assert ref.m0 is not None and states[0].queue_count == 12
+  for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1])):
+    assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+  assert_close(states[0].params, ref.params, f32_tolerance(4, depth=3))
 
 
-def test_fedasync_proximal_regularizer():
-  mu = 0.3
-  strategy, _ = _fedasync(mu=mu)
-  rng = np.random.default_rng(3)
-  p, w0 = _tiny_delta(rng), _tiny_delta(rng)
-  expected = mu / 2 * float(np.sum(( _flat(_np_tree(p)) - _flat(_np_tree(w0))) ** 2))
-  np.testing.assert_allclose(float(strategy.client.regularizer(p, w0)), expected, rtol=1e-5)
-  np.testing.assert_allclose(float(strategy.client.regularizer(p, p)), 0.0, atol=1e-7)
-  none, _ = _fedasync(mu=0.0)
-  assert none.client.regularizer is None
+def _readings_config(fixed: float, no_temperature: bool = True, no_sensitivity: bool = False, buffer_size: int = 3):
+  c = config_lib.base_config()
+  c.fedpsa.sketch_dim = K_SKETCH
+  c.fedpsa.calibration, c.fedpsa.calibration_size = "real", 8  # _readings_ctx's batch
+  c.fedpsa.buffer_size = buffer_size
+  c.fedpsa.queue_length = 2  # fills at the first flush: under no_temperature Temp must still not move
+  c.fedpsa.gamma, c.fedpsa.delta = GAMMA, DELTA
+  c.fedpsa.no_temperature = no_temperature
+  c.fedpsa.no_sensitivity = no_sensitivity
+  c.fedpsa.fixed_temperature = fixed
+  return c
 
 
-# --- FedAvg -----------------------------------------------------------------------------------------
+def _hand_weights(payloads: np.ndarray, g: np.ndarray, temp: float) -> np.ndarray:
+  """Eq. 19 in float64: softmax of κ_i / Temp, κ_i = cos(payload_i, g)."""
+  kappa = payloads @ g / (np.linalg.norm(payloads, axis=1) * np.linalg.norm(g))
+  e = np.exp(kappa / temp)
+  return e / e.sum()
 
 
-def test_fedavg_waits_for_cohort_then_size_weighted_average():
-  cfg = config_lib.base_config()
-  cfg.method = "fedavg"
-  strategy = FedAvg(cfg, _ctx(num_clients=6, concurrency=3))
-  assert strategy.dispatch_mode == "sync"
-  state = strategy.init(TINY)
-  rng = np.random.default_rng(0)
-  w = _np_tree(TINY)
-  sizes = [10, 40, 50]
-  arrivals = [_arrival(i, _tiny_delta(rng), num_samples=n) for i, n in enumerate(sizes)]
-  state, changed = strategy.receive(state, arrivals[:2])
-  assert not changed
-  _close(state.params, w)
-  state, changed = strategy.receive(state, arrivals[2:])
-  assert changed
-  shares = np.array(sizes) / 100.0
-  # Σ n_i w_i / Σ n with w_i = w + Δ_i
-  models = [jax.tree.map(lambda x, d: x + d, w, _np_tree(a.delta)) for a in arrivals]
-  _close(state.params, jax.tree.map(lambda *ms: sum(s * m for s, m in zip(shares, ms)), *models))
-  # The next cohort starts from an empty buffer.
-  state2, changed = strategy.receive(state, [arrivals[0]])
-  assert not changed
-  _close(state2.params, _np_tree(state.params))
+@pytest.mark.parametrize("fixed,temp", [(0.0, GAMMA + DELTA), (1.0, 1.0), (DELTA, DELTA), (0.2, 0.2)])
+def test_fixed_temperature_is_the_softmax_temperature(fixed, temp):
+  strategy = fedpsa_lib.FedPSA(_readings_config(fixed), _readings_ctx())
+  state = strategy.init(PARAMS_KEY0)
+  assert float(state.temperature) == pytest.approx(temp, rel=1e-6)
+  rng = np.random.default_rng(2)
+  for flush in range(3):  # the queue fills and rolls: the fixed Temp must hold at every flush
+    g = rng.normal(size=K_SKETCH)
+    state = state.replace(global_sketch=jnp.asarray(g, jnp.float32))
+    # κ spread over [-1, 1]: aligned, orthogonal-ish and opposed payloads.
+    payloads = np.stack([g + 0.3 * rng.normal(size=K_SKETCH), rng.normal(size=K_SKETCH), -g + 0.3 * rng.normal(size=K_SKETCH)])
+    deltas = [jax.tree.map(lambda x: jnp.asarray(0.01 * rng.normal(size=x.shape), jnp.float32), PARAMS_KEY0)
+              for _ in payloads]
+    before = jax.tree.map(np.asarray, state.params)
+    arrivals = [Arrival(client=i, num_samples=10, staleness=0, dispatch_round=0, params_start=PARAMS_KEY0, delta=d,
+                        payload=jnp.asarray(p, jnp.float32)) for i, (p, d) in enumerate(zip(payloads, deltas))]
+    state, changed = strategy.receive(state, arrivals)
+    assert changed
+    want = _hand_weights(payloads, g, temp)
+    np.testing.assert_allclose(np.asarray(state.last_weights), want, rtol=1e-5)
+    # The test tells temperatures apart: at this κ spread the weights at γ + δ and at Temp differ.
+    if temp != GAMMA + DELTA:
+      assert np.abs(want - _hand_weights(payloads, g, GAMMA + DELTA)).max() > 0.05
+    assert float(state.temperature) == pytest.approx(temp, rel=1e-6)
+    # Eq. 20 with those weights.
+    expected = jax.tree.map(lambda w0, *ds: np.asarray(w0, np.float64) + sum(
+        wt * np.asarray(d, np.float64) for wt, d in zip(want, ds)), before, *deltas)
+    assert_close(state.params, expected, f32_tolerance(len(deltas) + 1))
 
 
-def test_fedavg_one_at_a_time():
-  cfg = config_lib.base_config()
-  cfg.method = "fedavg"
-  strategy = FedAvg(cfg, _ctx(num_clients=6, concurrency=4))
-  state = strategy.init(TINY)
-  rng = np.random.default_rng(1)
-  sizes = [7, 1, 3, 9]
-  arrivals = [_arrival(i, _tiny_delta(rng), num_samples=n) for i, n in enumerate(sizes)]
-  for i, a in enumerate(arrivals):
-    state, changed = strategy.receive(state, [a])
-    assert changed == (i == 3)
-  shares = np.array(sizes) / 20.0
-  _close(state.params, jax.tree.map(lambda x, *ds: x + sum(s * d for s, d in zip(shares, ds)), _np_tree(TINY),
-                                    *[_np_tree(a.delta) for a in arrivals]))
+def test_near_uniform_readings():
+  """The documented readings: at γ + δ = 5.5 even κ = ±1 give weights within e^(2/5.5) ≈ 1.44 of each other."""
+  w = _hand_weights(np.array([[1.0, 0.0], [-1.0, 0.0]]), np.array([1.0, 0.0]), GAMMA + DELTA)
+  assert w[0] / w[1] == pytest.approx(math.exp(2 / 5.5))
+  strategy = fedpsa_lib.FedPSA(_readings_config(0.0), _readings_ctx())
+  assert fedpsa_lib.fixed_temperature(strategy.hparams) == GAMMA + DELTA
 
 
-# --- config validation ------------------------------------------------------------------------------
+def _errors(c) -> list[str]:
+  return [e for e in config_lib.config_errors(c) if "fixed_temperature" in e]
 
 
-def _cfg(method):
-  cfg = config_lib.base_config()
-  cfg.method = method
-  return cfg
+@pytest.mark.parametrize("bad", [-1.0, math.inf, math.nan, True, "1.0", None])
+def test_fixed_temperature_bad_values_name_the_field(bad):
+  c = _readings_config(0.0)
+  # A section rebuilt from a dict, as from JSON: ConfigDict would turn True into 1.0 on a float field.
+  c.fedpsa = ml_collections.ConfigDict({**c.fedpsa.to_dict(), "fixed_temperature": bad})
+  assert type(c.fedpsa.fixed_temperature) is type(bad)
+  errors = _errors(c)
+  assert len(errors) == 1 and errors[0].startswith(f"fedpsa.fixed_temperature={bad!r} is invalid; allowed:"), errors
+  with pytest.raises(config_lib.ConfigError, match="fedpsa.fixed_temperature"):
+    config_lib.validate(c)
 
 
-@pytest.mark.parametrize("method", ["fedpsa", "fedbuff", "fedasync", "fedavg"])
-def test_base_config_valid(method):
-  assert config_lib.config_errors(_cfg(method)) == []
-
-
-@pytest.mark.parametrize("method,field,value", [
-    ("fedpsa", "buffer_size", 0),
-    ("fedpsa", "buffer_size", 51),
-    ("fedbuff", "buffer_size", 51),
-    ("fedbuff", "buffer_size", 0),
-])
-def test_buffer_size_rejected(method, field, value):
-  cfg = _cfg(method)
-  assert cfg.partition.num_clients == 50
-  cfg[method][field] = value
-  errors = config_lib.config_errors(cfg)
-  assert len(errors) == 1
-  assert f"{method}.{field}" in errors[0] and str(value) in errors[0]
-
-
-@pytest.mark.parametrize("method", ["fedpsa", "fedbuff"])
-def test_buffer_size_equal_to_n_accepted(method):
-  cfg = _cfg(method)
-  cfg[method].buffer_size = 50
-  assert config_lib.config_errors(cfg) == []
-  cfg.partition.num_clients = 49
-  assert any(f"{method}.buffer_size" in e for e in config_lib.config_errors(cfg))
-
-
-def test_fedasync_bogus_staleness_rejected():
-  cfg = _cfg("fedasync")
-  cfg.fedasync.staleness = "bogus"
-  errors = config_lib.config_errors(cfg)
-  assert len(errors) == 1
-  assert "fedasync.staleness" in errors[0] and "bogus" in errors[0]
-  with pytest.raises(ValueError, match="fedasync.staleness"):
-    config_lib.validate(cfg)
-
-
-# --- every registered strategy's section, through the shared validators --------------------------------
-
-
-def _section_fields() -> list[tuple[str, str, object]]:
-  """(method, field, default) of every field of every registered strategy's default section: collected from
-  the registry, so that a new strategy (or a new field) is covered without editing this file."""
-  strategies.load_all()
-  return [(name, field, default) for name, cls in sorted(strategies.registered().items())
-          for field, default in sorted(cls.default_config().items())]
-
-
-def _is_numeric(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _with(method: str, field: str, value) -> ml_collections.ConfigDict:
-  cfg = _cfg(method)
-  # The section rebuilt from a dict, as from JSON: ConfigDict's own type check would turn True into 1.0 on a
-  # float field and refuse NaN on an int one, so the strategy's validator would never see them.
-  cfg[method] = ml_collections.ConfigDict({**cfg[method].to_dict(), field: value})
-  assert type(cfg[method][field]) is type(value)
-  return cfg
-
-
-@pytest.mark.parametrize("method", sorted({m for m, _, _ in _section_fields()} | {"fedavg"}))
-def test_every_default_section_validates_clean(method):
-  assert config_lib.config_errors(_cfg(method)) == []
-
-
-NUMERIC_FIELDS = [(m, f) for m, f, d in _section_fields() if _is_numeric(d)]
-BOOL_FIELDS = [(m, f) for m, f, d in _section_fields() if isinstance(d, bool)]
-
-
-def _only_error(cfg, method: str, field: str, value) -> str:
-  errors = config_lib.config_errors(cfg)
-  assert len(errors) == 1, errors
-  assert errors[0].startswith(f"{method}.{field}={value!r} is invalid; allowed: "), errors
-  return errors[0]
-
-
-@pytest.mark.parametrize("bad", [True, math.nan, math.inf], ids=["bool", "nan", "inf"])
-@pytest.mark.parametrize("method,field", NUMERIC_FIELDS, ids=[f"{m}.{f}" for m, f in NUMERIC_FIELDS])
-def test_numeric_fields_reject_bools_and_non_finite_values(method, field, bad):
-  """A bool is not a number (True == 1 would pass a bare isinstance check) and NaN or ±inf is never a
-  usable hyperparameter: each is refused with the field named, in the one message shape."""
-  _only_error(_with(method, field, bad), method, field, bad)
-  with pytest.raises(config_lib.ConfigError, match=f"{method}\\.{field}="):
-    config_lib.validate(_with(method, field, bad))
-
-
-@pytest.mark.parametrize("bad", [1, "True"])
-@pytest.mark.parametrize("method,field", BOOL_FIELDS, ids=[f"{m}.{f}" for m, f in BOOL_FIELDS])
-def test_switches_reject_anything_but_a_bool(method, field, bad):
-  assert _only_error(_with(method, field, bad), method, field, bad).endswith("allowed: True, False")
-
-
-@pytest.mark.parametrize("method,field,default", _section_fields(),
-                         ids=[f"{m}.{f}" for m, f, _ in _section_fields()])
-def test_every_section_field_is_validated(method, field, default):
-  """None fits no validator: a field that `validate_config` forgets to check passes it and fails here."""
-  del default
-  _only_error(_with(method, field, None), method, field, None)
-
-
-def test_buffer_size_is_bounded_by_the_federation():
-  assert NUMERIC_FIELDS and BOOL_FIELDS  # the registry was read
-  for method in sorted(m for m, f, _ in _section_fields() if f == "buffer_size"):
-    cfg = _cfg(method)
-    n = cfg.partition.num_clients
-    for k, ok in ((1, True), (n, True), (n + 1, False), (0, False)):
-      cfg[method].buffer_size = k
-      assert (config_lib.config_errors(cfg) == []) == ok, (method, k)
-    assert config_lib.config_errors(cfg)[0] == (
-        f"{method}.buffer_size=0 is invalid; allowed: an integer in [1, {n}] (at most partition.num_clients)")
+def test_fixed_temperature_needs_no_temperature():
+  # Without the switch the thermometer sets Temp: a fixed value would silently do nothing, so it is refused.
+  errors = _errors(_readings_config(1.0, no_temperature=False))
+  assert len(errors) == 1 and "fedpsa.no_temperature=True" in errors[0], errors
+  assert _errors(_readings_config(0.0, no_temperature=False)) == []
+  assert _errors(_readings_config(1.0)) == [] and _errors(_readings_config(0.0)) == []
+  assert config_lib.base_config().fedpsa.fixed_temperature == 0.0  # the default: γ + δ, the paper's reading

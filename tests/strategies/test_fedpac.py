@@ -1,12 +1,11 @@
-"""CA2FL, FedFa and FedPAC: each server update against a hand computation in NumPy, FedPAC's quadratic
-program against brute force, its client statistics and local loss by hand, and each method end to end
-on the embedded MNIST subset."""
+"""FedPAC (strategies/fedpac.py): its quadratic program against brute force and exact solutions, the
+client's statistics and local loss by hand and through the trainer, the server's flush by hand, and the refusal
+of a model without a feature extractor.
+"""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -14,166 +13,17 @@ import numpy as np
 import pytest
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import io, local
-from fedpsa_jax.models import TinyMLP
-from fedpsa_jax.sim import runner
-from fedpsa_jax.strategies import Arrival, ClientJob
-from fedpsa_jax.strategies.ca2fl import CA2FL
-from fedpsa_jax.strategies.fedfa import FedFa
+from fedpsa_jax import local
+from fedpsa_jax.strategies import ClientJob
 from fedpsa_jax.strategies.fedpac import FedPAC, alignment_loss, collaboration_weights, solve_simplex_qp
-from helpers import small_config, strategy_context
+from helpers import (_add, _arrival, _close, _np_tree as _np, _random_like, AGGREGATION_TOL, baseline_cfg as _cfg,
+                     baseline_ctx as _ctx, HIDDEN, MODEL, NUM_CLASSES, PARAMS0)
 from numerics import assert_close, f32_tolerance
 
-NUM_CLASSES = 3
-HIDDEN = 5
-MODEL = TinyMLP(num_classes=NUM_CLASSES, hidden=HIDDEN)
-PARAMS0 = MODEL.init(jax.random.key(3), jnp.zeros((1, 4), jnp.float32))
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-# --- helpers ----------------------------------------------------------------------------------------
-
-
-def _ctx(num_clients=4, sizes=None):
-  return strategy_context(MODEL, PARAMS0, num_clients=num_clients, sizes=sizes, concurrency=2,
-                          num_classes=NUM_CLASSES)
-
-
-def _cfg(method, num_clients=4, **section):
-  cfg = config_lib.base_config()
-  cfg.method = method
-  cfg.model.name = "tiny_mlp"
-  cfg.partition.num_clients = num_clients
-  for key, value in section.items():
-    cfg[method][key] = value
-  return cfg
-
-
-def _np(tree):
-  return jax.tree.map(lambda x: np.asarray(x, np.float64), tree)
-
-
-def _random_like(tree, rng, scale=1.0):
-  return jax.tree.map(lambda x: jnp.asarray(scale * rng.normal(size=np.shape(x)), jnp.float32), tree)
-
-
-def _arrival(client, delta, start=None, num_samples=10, payload=()):
-  start = jax.tree.map(jnp.zeros_like, delta) if start is None else start
-  return Arrival(client=client, num_samples=num_samples, staleness=0, dispatch_round=0, params_start=start,
-                 delta=delta, payload=payload)
-
-
-# Server updates in float32 against float64 hands: a server update mixes a few arrivals per flush, and a few flushes chain in a test.
-AGGREGATION_TOL = f32_tolerance(4, depth=25)
 # FedPAC's classifier weights come from SLSQP, run on float32 statistics in the code and on float64 ones here;
 # the solver stops at its own tolerance (1e-6 on the objective), far above float32 rounding.
 QP_TOL = 1e-4
-
-
-def _close(actual, expected, rel=AGGREGATION_TOL):
-  assert_close(actual, expected, rel)
-
-
-def _add(*trees, scales=None):
-  scales = [1.0] * len(trees) if scales is None else scales
-  return jax.tree.map(lambda *xs: sum(s * x for s, x in zip(scales, xs)), *trees)
-
-
-# --- CA2FL ------------------------------------------------------------------------------------------
-
-
-def test_ca2fl_caches_and_calibrated_update_by_hand():
-  """N = 4, K = 2, η = 0.5 over four rounds, the last two with repeat clients and a same-time pair."""
-  eta, n = 0.5, 4
-  strategy = CA2FL(_cfg("ca2fl", buffer_size=2, server_lr=eta), _ctx(num_clients=n))
-  state = strategy.init(PARAMS0)
-  rng = np.random.default_rng(0)
-  d = {name: _random_like(PARAMS0, rng, 0.1) for name in "abcdefgh"}
-  D = {k: _np(v) for k, v in d.items()}
-  w0 = _np(PARAMS0)
-
-  # Round 1: c0 sends a, c1 sends b. First arrivals: calibrated = Δ; h (old) = 0.
-  state, changed = strategy.receive(state, [_arrival(0, d["a"])])
-  assert not changed and state.members == (0,)
-  _close(state.params, w0)
-  _close(state.calibrated, D["a"])
-  state, changed = strategy.receive(state, [_arrival(1, d["b"])])
-  assert changed and state.members == ()
-  w1 = _add(w0, D["a"], D["b"], scales=[1, eta / 2, eta / 2])  # w + η (D/|S| + 0)
-  _close(state.params, w1)
-  h1 = _add(D["a"], D["b"], scales=[1 / n, 1 / n])  # never-seen c2, c3 count as 0
-  _close(state.cache_mean, h1)
-  assert sorted(state.caches) == [0, 1]
-
-  # Round 2: c0 again (calibrated by its cache a), then c2 and c3 at the same time: |S| = 3 > K.
-  state, changed = strategy.receive(state, [_arrival(0, d["c"])])
-  assert not changed
-  _close(state.calibrated, _add(D["c"], D["a"], scales=[1, -1]))
-  state, changed = strategy.receive(state, [_arrival(2, d["d"]), _arrival(3, d["e"])])
-  assert changed
-  calibrated = _add(D["c"], D["a"], D["d"], D["e"], scales=[1, -1, 1, 1])
-  w2 = _add(w1, calibrated, h1, scales=[1, eta / 3, eta])  # v uses the h of the previous round
-  _close(state.params, w2)
-  h2 = _add(D["c"], D["b"], D["d"], D["e"], scales=[1 / n] * 4)
-  _close(state.cache_mean, h2)
-  _close(state.caches[0], D["c"])
-
-  # Round 3: c1 (cache b) and c2 (cache d).
-  state, _ = strategy.receive(state, [_arrival(1, d["f"])])
-  state, changed = strategy.receive(state, [_arrival(2, d["g"])])
-  assert changed
-  calibrated = _add(D["f"], D["b"], D["g"], D["d"], scales=[1, -1, 1, -1])
-  w3 = _add(w2, calibrated, h2, scales=[1, eta / 2, eta])
-  _close(state.params, w3)
-  _close(state.cache_mean, _add(D["c"], D["f"], D["g"], D["e"], scales=[1 / n] * 4))
-  _close(state.cache_sum, _add(D["c"], D["f"], D["g"], D["e"]))
-  assert strategy.diagnostics(state)["cached_clients"] == 4
-
-
-def test_ca2fl_config_validation():
-  cfg = _cfg("ca2fl", num_clients=4, buffer_size=5)
-  assert any("ca2fl.buffer_size=5 is invalid" in e for e in config_lib.config_errors(cfg))
-  cfg = _cfg("ca2fl", server_lr=0.0, buffer_size=2)
-  assert any("ca2fl.server_lr=0.0 is invalid" in e for e in config_lib.config_errors(cfg))
-  assert config_lib.config_errors(_cfg("ca2fl", buffer_size=2)) == []
-
-
-# --- FedFa ------------------------------------------------------------------------------------------
-
-
-def test_fedfa_window_unchanged_until_full_then_mean_of_latest_k():
-  k = 3
-  strategy = FedFa(_cfg("fedfa", window_size=k), _ctx())
-  state = strategy.init(PARAMS0)
-  rng = np.random.default_rng(1)
-  w0 = _np(PARAMS0)
-  arrivals = [_arrival(i % 4, _random_like(PARAMS0, rng, 0.1), start=_random_like(PARAMS0, rng)) for i in range(6)]
-  models = [_add(_np(a.params_start), _np(a.delta)) for a in arrivals]
-  mean = lambda ms: jax.tree.map(lambda *xs: sum(xs) / len(xs), *ms)
-  # Before the window is full: no change, no round.
-  for i in range(k - 1):
-    state, changed = strategy.receive(state, [arrivals[i]])
-    assert not changed
-    _close(state.params, w0)
-  # Full: every arrival recomputes w as the mean of the K latest client models.
-  state, changed = strategy.receive(state, [arrivals[2]])
-  assert changed
-  _close(state.params, mean(models[0:3]))
-  state, changed = strategy.receive(state, [arrivals[3]])
-  assert changed and state.clients == (1, 2, 3)  # the oldest (client 0) dropped
-  _close(state.params, mean(models[1:4]))
-  # Two arrivals at one event time: both pushed, the two oldest dropped, one round.
-  state, changed = strategy.receive(state, arrivals[4:6])
-  assert changed and len(state.window) == k
-  _close(state.params, mean(models[3:6]))
-
-
-def test_fedfa_config_validation():
-  assert any("fedfa.window_size=0 is invalid" in e for e in config_lib.config_errors(_cfg("fedfa", window_size=0)))
-  assert config_lib.config_errors(_cfg("fedfa", num_clients=5)) == []  # K = 5 <= N
-  assert any("fedfa.window_size=5 is invalid; allowed: an integer in [1, 4]" in e  # K > N = 4
-             for e in config_lib.config_errors(_cfg("fedfa")))
-  assert config_lib.base_config().fedfa.window_size == 5
 
 
 # --- FedPAC: the quadratic program ------------------------------------------------------------------
@@ -378,45 +228,3 @@ def test_fedpac_rejects_the_linear_model():
   for name in ("mnist_cnn", "cifar_cnn", "tiny_mlp"):
     cfg.model.name = name
     assert config_lib.config_errors(cfg) == []
-
-
-def _paper_config(arg):
-  spec = importlib.util.spec_from_file_location("paper_experiment", os.path.join(REPO, "configs/paper/experiment.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
-
-
-@pytest.mark.parametrize("method", ["ca2fl", "fedfa", "fedpac"])
-def test_paper_configs_select_the_baselines(method):
-  for dataset in ("mnist", "cifar10", "cifar100"):
-    cfg = config_lib.validate(_paper_config(f"method={method},dataset={dataset}"))
-    assert cfg.method == method
-  # The defaults of docs/methods.md, 'Defaults'.
-  defaults = {"ca2fl": {"buffer_size": 5, "server_lr": 1.0}, "fedfa": {"window_size": 5},
-              "fedpac": {"buffer_size": 5, "lam": 1.0}}[method]
-  assert {k: cfg[method][k] for k in defaults} == defaults
-  fmnist = _paper_config(f"method={method},dataset=fashion_mnist")
-  if method == "fedpac":  # Table 1 has no FedPAC entry for FMNIST: its model is linear
-    with pytest.raises(ValueError, match="FedPAC needs a feature extractor"):
-      config_lib.validate(fmnist)
-  else:
-    config_lib.validate(fmnist)
-
-
-# --- end to end -------------------------------------------------------------------------------------
-
-
-# FedPAC runs twice the budget: with λ = 1 on TinyMLP's 16 features the alignment term slows early
-# learning (0.60 after 0.03 days, against 0.72 with λ = 0), and it needs more rounds to pass 0.6.
-@pytest.mark.parametrize("method,model,days", [("ca2fl", "linear", 0.03), ("fedfa", "linear", 0.03),
-                                               ("fedpac", "tiny_mlp", 0.06)])
-def test_baselines_learn_end_to_end(method, model, days, tmp_path):
-  summary = runner.Simulation(small_config(method, model, days), str(tmp_path)).run()
-  assert summary["status"] == "completed"
-  assert summary["client_updates"] > 20 and summary["rounds"] >= 5
-  assert summary["final_test_accuracy"] > 0.6, summary  # chance is 0.1
-  history = io.read_jsonl(str(tmp_path / "metrics.jsonl"))
-  assert history[-1]["test_accuracy"] > history[0]["test_accuracy"] + 0.4
-  if method == "fedpac":
-    assert history[-1]["known_prototypes"] == 10

@@ -37,10 +37,9 @@ from fedpsa_jax.checkpoint import CheckpointStore
 from fedpsa_jax.cli import modes
 from fedpsa_jax.data import sources
 from fedpsa_jax.sim import runner
-from helpers import small_config
+from helpers import ROOT, small_config
 from test_checkpoint import LAUNCH_OVERRIDES, launch_config, outputs, saving_checkpoint
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _cached_mnist_5k_raw = functools.cache(sources._mnist_5k_raw)
 _ABSL_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")  # absl's log lines (INFO from JAX and orbax)
 

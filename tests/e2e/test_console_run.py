@@ -1,0 +1,30 @@
+"""What a user sees on the console of a whole short run through launch.py: the run's own lines, no absl/JAX
+info line unless --verbose asks for them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+
+@pytest.mark.slow
+def test_the_console_of_a_run_is_the_bar_and_the_result_lines(tmp_path):
+  """A whole short run: no absl/JAX info line (they start with 'I' and a date, e.g. JAX's search for a TPU)
+  unless --verbose asks for them."""
+  base = [sys.executable, "launch.py", "--config=configs/default.py", "--config.model.name=linear",
+          "--config.sim.virtual_days=0.002", "--config.runtime.progress=False"]
+  quiet = subprocess.run([*base, f"--workdir={tmp_path / 'quiet'}"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+  assert quiet.returncode == 0, quiet.stderr
+  lines = (quiet.stdout + quiet.stderr).splitlines()
+  assert not [line for line in lines if line[:1] == "I" and line[1:5].isdigit()], lines
+  assert lines[-2].startswith("fedpsa on mnist_5k: completed") and lines[-1].startswith("outputs in ")
+  verbose = subprocess.run([*base, "--verbose", f"--workdir={tmp_path / 'verbose'}"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+  assert verbose.returncode == 0 and any(line[:1] == "I" and line[1:5].isdigit()
+                                         for line in verbose.stderr.splitlines()), verbose.stderr

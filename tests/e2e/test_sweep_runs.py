@@ -1,0 +1,159 @@
+"""Sweeps run whole: the Table 1 smoke sweep and its report through launch.py, a resume after an
+interruption that does not redo finished members, the Ray executor against the local one, and launch.py's
+one-line refusals (a run config as a sweep, a busy sweep directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from fedpsa_jax import io, paper, sweep
+from fedpsa_jax.sim import runner
+from helpers import _tiny_sweep, ROOT
+
+
+TIMING = set(runner.TIMING_FIELDS) | {"sweep_action"}
+
+
+def _launch(*args: str) -> subprocess.CompletedProcess:
+  env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  return subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), *args], capture_output=True, text=True,
+                        cwd=ROOT, env=env, timeout=900)
+
+
+@pytest.mark.slow
+def test_table1_smoke_sweep_and_report_end_to_end(tmp_path):
+  """launch.py --mode=sweep then --mode=report: every cell of Table 1's layout is filled from the runs."""
+  workdir = str(tmp_path / "table1")
+  done = _launch("--mode=sweep", "--config=configs/paper/table1.py:smoke", f"--workdir={workdir}")
+  assert done.returncode == 0, done.stderr[-3000:]
+  shown = _launch("--mode=report", f"--workdir={workdir}")
+  assert shown.returncode == 0, shown.stderr[-3000:]
+  saved = json.load(open(os.path.join(workdir, "sweep.json")))
+  assert len(saved["members"]) == 39
+  table = pd.read_csv(os.path.join(workdir, "report", "table.csv")).set_index("method")
+  assert list(table.index) == list(paper.METHODS)
+  assert list(table.columns) == [f"{d} α={a}" for d in ("MNIST", "FMNIST") for a in (0.1, 0.5, 1.0)]
+  for m in saved["members"]:  # each cell is that member's own summary.json, × 100
+    summary = json.load(open(os.path.join(workdir, "runs", m["name"], "summary.json")))
+    assert summary["status"] == "completed"
+    column = f"{'MNIST' if m['labels']['dataset'] == 'mnist' else 'FMNIST'} α={m['labels']['alpha']}"
+    assert table.loc[m["labels"]["method"], column] == pytest.approx(100 * summary["final_test_accuracy"])
+  filled = table.notna()
+  assert filled.values.sum() == 39
+  assert not filled.loc["fedpac", [c for c in table.columns if c.startswith("FMNIST")]].any()
+  markdown = open(os.path.join(workdir, "report", "table.md")).read()
+  assert "n/a" not in markdown and markdown.count("| - |") >= 1
+  assert markdown.count("**") >= 2 * 6  # a best value per column
+  assert os.path.getsize(os.path.join(workdir, "report", "curves.png")) > 10_000
+
+
+class Interrupted(BaseException):
+  """Stands for Ctrl-C / a kill: not an Exception, so the sweep does not record it as a failed member and
+  go on (pytest itself reacts to a real KeyboardInterrupt by stopping the session)."""
+
+
+def test_interrupted_sweep_resumes_without_redoing_finished_members(tmp_path, monkeypatch):
+  workdir = str(tmp_path / "sweep")
+  calls, interrupted_once = [], []
+  real_run = runner.Simulation.run
+
+  def interrupting_run(self):
+    calls.append(self.config.method)
+    if len(calls) == 2 and not interrupted_once:  # the user's Ctrl-C in the middle of the second member's run
+      interrupted_once.append(True)
+      def interrupted(day):
+        raise Interrupted
+      self.run_until = interrupted
+    return real_run(self)
+
+  monkeypatch.setattr(runner.Simulation, "run", interrupting_run)
+  with pytest.raises(Interrupted):
+    sweep.run_local(_tiny_sweep(), workdir, log=lambda _: None)
+  first = os.path.join(workdir, "runs", "method=fedbuff,seed=0", "summary.json")
+  assert json.load(open(first))["status"] == "completed"
+  assert json.load(open(os.path.join(workdir, "runs", "method=fedasync,seed=0", "summary.json")))["status"] == "failed"
+  assert not os.path.exists(os.path.join(workdir, "runs", "method=fedpsa,seed=0"))
+  first_mtime = os.stat(first).st_mtime_ns
+
+  calls.clear()
+  results = sweep.run_local(_tiny_sweep(), workdir, log=lambda _: None)
+  assert calls == ["fedasync", "fedpsa"]  # the finished member was not run again
+  assert os.stat(first).st_mtime_ns == first_mtime
+  assert [r["sweep_action"] for r in results.values()] == ["skipped", "ran", "ran"]
+  assert all(r["status"] == "completed" for r in results.values())
+  calls.clear()
+  assert [r["sweep_action"] for r in sweep.run_local(_tiny_sweep(), workdir, log=lambda _: None).values()] == [
+      "skipped"] * 3
+  assert calls == []
+  # A longer budget continues each finished member from its end checkpoint instead of starting over: the
+  # lines written before stay byte for byte (a fresh run would rewrite them with other wall_seconds).
+  metrics = os.path.join(workdir, "runs", "method=fedbuff,seed=0", "metrics.jsonl")
+  before = open(metrics).read()
+  longer = _tiny_sweep(("fedbuff",))
+  longer.base.sim.virtual_days = 0.0075
+  result = sweep.run_local(longer, workdir, log=lambda _: None)["method=fedbuff,seed=0"]
+  assert result["sweep_action"] == "ran" and result["virtual_days"] == pytest.approx(0.0075)
+  after = open(metrics).read()
+  assert after.startswith(before) and len(after) > len(before)
+  # A member whose config changed (not only in a field a run may continue with) is not "done".
+  changed = _tiny_sweep()
+  changed.base.local.lr = 0.01
+  assert not sweep.is_done(io.config_json(sweep.expand(changed)[0].config),
+                           os.path.join(workdir, "runs", "method=fedbuff,seed=0"))
+
+
+@pytest.mark.slow
+def test_ray_executor_gives_the_local_executor_results(tmp_path):
+  ray = pytest.importorskip("ray")
+  config = _tiny_sweep(("fedbuff", "fedpsa"))
+  local = sweep.run_local(config, str(tmp_path / "local"), log=lambda _: None)
+  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+           runtime_env={"env_vars": {"PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}})
+  try:
+    remote = sweep.run_ray(config, str(tmp_path / "ray"), log=lambda _: None)
+  finally:
+    ray.shutdown()
+  assert list(remote) == list(local) == ["method=fedbuff,seed=0", "method=fedpsa,seed=0"]
+  for name in local:
+    assert remote[name]["sweep_action"] == "ran"
+    assert {k: v for k, v in remote[name].items() if k not in TIMING} == {
+        k: v for k, v in local[name].items() if k not in TIMING}
+    for directory in ("local", "ray"):  # each member left a run directory (docs/runs.md)
+      assert {"config.json", "metrics.jsonl", "summary.json"} <= set(os.listdir(tmp_path / directory / "runs" / name))
+    lines = [[{k: v for k, v in r.items() if k not in TIMING} for r in io.read_jsonl(tmp_path / d / "runs" / name /
+                                                                                      "metrics.jsonl")]
+             for d in ("local", "ray")]
+    assert lines[0] == lines[1] and len(lines[0]) >= 2
+
+
+def test_launch_sweep_rejects_a_run_config(tmp_path):
+  done = _launch("--mode=sweep", "--config=configs/default.py", f"--workdir={tmp_path / 'x'}")
+  assert done.returncode == 2
+  assert "--config" in done.stderr and "not a sweep config" in done.stderr and "configs/paper/table1.py" in done.stderr
+  done = _launch("--mode=report")
+  assert done.returncode == 2 and "--workdir is required" in done.stderr
+  done = _launch("--mode=sweep", "--config=configs/paper/table9.py", f"--workdir={tmp_path / 'y'}")
+  assert done.returncode == 2 and "no such file" in done.stderr and "table1.py" in done.stderr
+  assert not os.path.exists(tmp_path / "x") and not os.path.exists(tmp_path / "y")
+
+
+@pytest.mark.slow
+def test_launch_refuses_a_second_sweep_on_the_same_workdir_in_one_line(tmp_path):
+  workdir = str(tmp_path / "sweep")
+  with sweep.locked(workdir, "table1"):
+    done = _launch("--mode=sweep", "--config=configs/paper/table1.py:smoke", f"--workdir={workdir}")
+  assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+  absl_log = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")  # (INFO lines of JAX and absl)
+  lines = [line for line in done.stderr.splitlines() if line.strip() and not absl_log.match(line)]
+  assert lines == [f"--workdir={workdir!r} is in use by another sweep or run (sweep table1, pid {os.getpid()}); "
+                   "allowed: a sweep directory no running sweep uses (wait for that one to end: rerunning the "
+                   "same command then resumes it), or another --workdir"], done.stderr
+  assert os.listdir(workdir) == [sweep.LOCK_FILE]
