@@ -48,9 +48,10 @@ def test_real_calibration_batch_comes_from_the_training_set(synthetic):
 def test_bad_calibration_arguments_name_the_field(synthetic):
   rng = np.random.default_rng(0)
   for size in (0, -4, 2.5, True):
-    with pytest.raises(ValueError, match=r"sensitivity\.calibration_size"):
+    with pytest.raises(ValueError, match=r"fedpsa\.calibration_size"):
       calibration.gaussian_batch(size, (8, 8, 1), 4, rng)
+  # A real batch larger than the training set is FedPSA's bound, checked before anything is drawn.
   n = len(synthetic.y_train)
-  ctx = types.SimpleNamespace(sample=lambda *a: None, split_sizes={"train": n})
-  with pytest.raises(ValueError, match=rf"sensitivity\.calibration_size={n + 1}.*at most the {n} training"):
-    fedpsa_lib.calibration_batch(ctx, "real", n + 1)
+  hparams = types.SimpleNamespace(sketch_dim=16, calibration="real", calibration_size=n + 1)
+  (message,) = fedpsa_lib.bound_errors(hparams, 1000, train_size=n)
+  assert message.startswith(f"fedpsa.calibration_size={n + 1} is invalid; allowed: an integer in [1, {n}]")
