@@ -163,16 +163,15 @@ def _read_tfds_split(name: str, split: str, data_dir: str | None) -> tuple[np.nd
   A hit needs neither tfds nor its import when the dataset's folder holds one prepared version; otherwise tfds
   opens the split first (it picks the version) and the cache is looked up by the folder tfds names."""
   found = _prepared_version_dir(name, data_dir)
-  cached = _cached_split(found, name, split, expected=_split_length(found, split)) if found else None
+  cached = _cached_split(_cache_path(found, name, split), _split_length(found, split)) if found else None
   if cached is None:
     source = _open_tfds_split(name, split, data_dir)
-    directory = str(source.dataset_info.data_dir)
-    cached = _cached_split(directory, name, split, expected=len(source))
+    path = _cache_path(str(source.dataset_info.data_dir), name, split)
+    cached = _cached_split(path, len(source))
     if cached is None:
       cached = _decode(source)
-      key = cache.split_fingerprint(directory, split)
-      if key is not None:
-        cache.write_arrays(cache.cache_file("tfds", name, split, key), *cached)
+      if path is not None:
+        cache.write_arrays(path, *cached)
   for array in cached:
     array.flags.writeable = False
   return cached
@@ -200,13 +199,17 @@ def _split_length(directory: str, split: str) -> int | None:
     return None
 
 
-def _cached_split(directory: str, name: str, split: str, expected: int | None) -> tuple[np.ndarray, np.ndarray] | None:
-  """The cached arrays of the split prepared in `directory`: NHWC images, `expected` records (None: no entry
-  can be trusted)."""
+def _cache_path(directory: str, name: str, split: str) -> str | None:
+  """The decode cache's file for the split prepared in `directory` (None: the folder holds no such split)."""
   key = cache.split_fingerprint(directory, split)
-  if key is None or expected is None:
+  return None if key is None else cache.cache_file("tfds", name, split, key)
+
+
+def _cached_split(path: str | None, expected: int | None) -> tuple[np.ndarray, np.ndarray] | None:
+  """The cached arrays at `path`: NHWC images, `expected` records (None: no entry can be trusted)."""
+  if path is None or expected is None:
     return None
-  return cache.read_arrays(cache.cache_file("tfds", name, split, key), lambda x, y: x.ndim == 4 and len(y) == expected)
+  return cache.read_arrays(path, lambda x, y: x.ndim == 4 and len(y) == expected)
 
 
 def _open_tfds_split(name: str, split: str, data_dir: str | None):
