@@ -2,8 +2,8 @@
 
 FedPSA, FedBuff, CA2FL and FedAsync × seeds 0..1 (8 members) with Sec. 6.1's setup (the MNIST CNN, 50
 clients, FLGo Dirichlet, concurrency 20%, 5 epochs, batch 64, lr 0.01 × 0.999 per round, response times
-uniform on [10, 500]) for 0.1 virtual day: each client holds ~1,200 images (~94 SGD steps per update), so
-this is the longest horizon whose sweep fits in about two hours of a 2-core CPU. FedPSA's members record κ
+uniform on [10, 500]) for 0.05 virtual day (~170 client updates): each client holds ~1,200 images (~94 SGD steps per update,
+~4 s here), so this is the longest horizon whose sweep fits in about two hours of a 2-core CPU. FedPSA's members record κ
 and the gradient alignment of every received update (events.jsonl) for Fig. 6's correlation.
 
 `launch.py --mode=sweep --config=configs/results/mnist_full.py:data.data_dir=DIR --workdir=WORKDIR`, DIR a
@@ -27,9 +27,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   base = paper.paper_base(smoke=False)
   paper.on_dataset(base, "mnist", smoke=False)
   base.partition.alpha = 0.1
-  base.sim.virtual_days = 0.1
+  base.sim.virtual_days = 0.05
   base.eval.every_days = 0.005
-  base.checkpoint.every_days = 0.02  # a killed member loses at most a fifth of its run
+  base.checkpoint.every_days = 0.01  # a killed member loses at most a fifth of its run
   base.fedpsa.log_alignment = True  # κ and align per received update, into events.jsonl (Fig. 6)
   base.output.events = True
   return paper.sweep_config(
