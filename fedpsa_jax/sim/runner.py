@@ -37,7 +37,7 @@ import numpy as np
 
 from fedpsa_jax import checkpoint as checkpoint_lib
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import errors, io, memory, metrics, run_identity, signals, strategies
+from fedpsa_jax import errors, io, memory, metrics, provenance, run_identity, signals, strategies
 from fedpsa_jax.compiles import CompileCounter
 from fedpsa_jax.sim.build import Claim, Run, build_run, prepare
 from fedpsa_jax.sim.executor import Job
@@ -99,6 +99,7 @@ class Simulation:
     self.pending_events: list[dict] = []  # events.jsonl lines not yet written (`_write_events`)
     self.rounds_in_flight: collections.deque = collections.deque()  # recent rounds' states (ROUNDS_AHEAD)
     self.resumed_from: int | None = None  # virtual time of the checkpoint this run continued from
+    self._provenance: dict | None = None  # summary.json's `provenance`, found at the first summary
     try:
       restored = self.recorder.open()
       if restored is not None:
@@ -275,9 +276,12 @@ class Simulation:
     }
     identity = {"method": self.config.method, "dataset": self.config.data.name, "model": self.config.model.name,
                 "seed": self.config.seed}
-    return metrics.summarize(self.history, self.loop, identity, accounting,
-                             target_accuracy=self.config.eval.target_accuracy,
-                             units_per_day=config_lib.UNITS_PER_DAY)
+    if self._provenance is None:
+      self._provenance = provenance.of_run(self.parts.dataset)
+    return {**metrics.summarize(self.history, self.loop, identity, accounting,
+                                target_accuracy=self.config.eval.target_accuracy,
+                                units_per_day=config_lib.UNITS_PER_DAY),
+            "provenance": self._provenance}
 
   def finish(self) -> dict:
     """Evaluates at the end of the budget (if not done), writes summary.json, closes the outputs."""

@@ -9,8 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from fedpsa_jax import io
+from fedpsa_jax import io, provenance
 from fedpsa_jax import config as config_lib
+from fedpsa_jax.data import sources
 from fedpsa_jax.sim import runner
 from helpers import small_config
 
@@ -50,6 +51,11 @@ def test_run_directory_contents_and_aulc(tmp_path):
   assert on_disk["aulc"] == pytest.approx(hand, rel=1e-9)
   assert on_disk["final_test_accuracy"] == history[-1]["test_accuracy"]
   assert on_disk["rounds"] == history[-1]["round"]
+  # Provenance: the data's fingerprint is the examples' (any seed's holdout of them), the code's commit this checkout's.
+  dataset = sources.load_dataset(c.data.name, rng=np.random.default_rng(123))
+  assert on_disk["provenance"]["data"] == {"name": c.data.name, "fingerprint": provenance.data_fingerprint(
+      dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test)}
+  assert on_disk["provenance"]["code"] == provenance.code_version()
   events = io.read_jsonl(str(tmp_path / "events.jsonl"))
   updates = [e for e in events if e["type"] == "update"]
   rounds = [e for e in events if e["type"] == "round"]
