@@ -39,7 +39,9 @@ DISPLAY_NAMES = {"fedbuff": "FedBuff (Base)", "fedavg": "FedAvg", "fedasync": "F
                  "no_t": "w/o T", "no_s": "w/o S", "no_ts": "w/o T&S", "full": "Full", "real": "Real-data D_b",
                  "gaussian": "Gaussian D_b", "uniform": "Uniform", "long_tail": "Long-tail",
                  "concurrency": "p", "calibration_size": "Batch size", "latency": "Setting",
-                 "gamma": "γ", "delta": "δ", "buffer_size": "L_s", "queue_length": "L_q"}
+                 "gamma": "γ", "delta": "δ", "buffer_size": "L_s", "queue_length": "L_q",
+                 "final_test_accuracy": "Final test accuracy (%)",
+                 "aulc_per_day": "AULC per virtual day: the mean test accuracy over the run (%)"}
 # Sec. 6.1's model per dataset (FMNIST: one fully connected layer, so no FedPAC); the embedded datasets
 # take the model of what they hold (mnist_5k: MNIST images) or the small test model (synthetic).
 PAPER_MODELS = {"mnist": "mnist_cnn", "fashion_mnist": "linear", "cifar10": "cifar_cnn", "cifar100": "cifar_cnn",
@@ -128,6 +130,8 @@ def sweep_config(name: str, description: str, base: ml_collections.ConfigDict, a
   r.best = "max"  # bold the max (or min) of each column within each group of the outer row axis; '' none
   r.row_mean = False  # add an 'Avg' column (Table 3)
   r.delta = []  # [col_a, col_b]: add a column a − b of the innermost column axis (Table 5's Abs. Δ)
+  r.more_metrics = []  # further summary.json fields, a table each in table.md (e.g. "aulc_per_day")
+  r.reference = {}  # {axis: label}: mark cells differing from this one's by more than the noise (paired.md)
   r.display = dict(DISPLAY_NAMES)  # printed names of labels and axes
   r.update(report)
   c.report = r

@@ -6,9 +6,12 @@
   `report` section into `WORKDIR/report/`:
   - always `members.csv` (one row per member: its labels and every summary field), the table
     `table.md` / `table.csv` (rows × columns of `report.rows` / `report.cols`, cells the metric × scale,
-    mean ± std over seeds when there are several, `table_std.csv` then too; the best of each column in bold
-    within each group of the outer row axis; '-' for a member the sweep leaves out) and `curves.png`
-    (learning curves: one panel per column, one line per row, mean over seeds);
+    mean ± the half-width of its 95% t-interval over seeds when there are several, `table_ci95.csv` and
+    `table_n.csv` then too; ▲/▼ where a paired difference from `report.reference` is larger than the noise,
+    all of them in `paired.md`; a table per `report.more_metrics` entry; the best of each column in bold
+    within each group of the outer row axis; '-' for a member the sweep leaves out; the commits, data and
+    machines of the members) and `curves.png` (learning curves: one panel per column, one line per row,
+    mean over seeds with its interval as a band);
   - then the files of the layout's kind, `report.kind`, a function registered in `report_kinds()`:
     - `table` (the default): the learning curves above;
     - `curves`: `curves.png` laid out as `report.panels` × lines `report.lines` instead;
@@ -72,10 +75,9 @@ def _heatmap_kind(r: SweepReport) -> list[str]:
   written, sections = report_lib.table_curves(r), [r.title]
   for part, row, col in r.spec["heatmaps"]:
     written.append(report_lib.heatmap_figure(r.sweep, r.frame, r.spec, part, row, col, r.path(f"heatmap_{part}.png")))
-    markdown, means, _ = report_lib.paper_table(r.sweep, r.frame, {**r.spec, "rows": [row], "cols": [col]},
-                                                where={"part": part})
-    sections.append(f"## {part}\n\n{markdown}")
-    written.append(report_lib.write_csv(means, r.path(f"heatmap_{part}.csv")))
+    table = report_lib.paper_table(r.sweep, r.frame, {**r.spec, "rows": [row], "cols": [col]}, where={"part": part})
+    sections.append(f"## {part}\n\n{table.markdown}")
+    written.append(report_lib.write_csv(table.means, r.path(f"heatmap_{part}.csv")))
   written.append(report_lib.write_text(r.path("heatmap.md"), "\n".join(sections)))
   return written
 
@@ -94,6 +96,33 @@ def report_kinds() -> dict[str, ReportKind]:
   return {**GENERIC_KINDS, **plugins}
 
 
+def _tables(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], out: str, title: str) -> list[str]:
+  """table.md: one table per metric of the layout (`report.metric`, then `report.more_metrics`) and the
+  provenance of the members; per metric its means, intervals and seed counts as CSV (`table.csv`,
+  `table_ci95.csv`, `table_n.csv` for the first; `table_<metric>*.csv` for the others); with
+  `report.reference`, every paired difference from the reference in paired.md / paired.csv."""
+  metrics = [spec.get("metric", "final_test_accuracy"), *spec.get("more_metrics", [])]
+  sections, written, paired = [title], [], []
+  for k, metric in enumerate(metrics):
+    table = report_lib.paper_table(sweep, frame, {**spec, "metric": metric})
+    sections.append((f"## {report_lib.display_name(spec, metric)}\n\n" if len(metrics) > 1 else "") + table.markdown)
+    stem = "table" if k == 0 else f"table_{metric}"
+    written.append(report_lib.write_csv(table.means, os.path.join(out, f"{stem}.csv")))
+    if table.counts.to_numpy().max(initial=0) > 1:
+      written.append(report_lib.write_csv(table.half_widths, os.path.join(out, f"{stem}_ci95.csv")))
+      written.append(report_lib.write_csv(table.counts, os.path.join(out, f"{stem}_n.csv")))
+    if table.paired is not None:
+      paired.append(table.paired.assign(metric=metric))
+  sections.append(report_lib.provenance_section(frame))
+  written.insert(0, report_lib.write_text(os.path.join(out, "table.md"), "\n".join(sections)))
+  if paired:
+    both = pd.concat(paired, ignore_index=True)
+    written.append(report_lib.write_text(os.path.join(out, "paired.md"),
+                                         title + report_lib.paired_markdown(both, spec)))
+    written.append(report_lib.write_csv(both, os.path.join(out, "paired.csv")))
+  return written
+
+
 def sweep_report(sweep_dir: str) -> list[str]:
   """Every table and figure of a sweep directory into SWEEP_DIR/report; the paths written: members.csv,
   the table (when the layout has rows or cols), the files of the layout's kind, the plug-ins' figures."""
@@ -109,12 +138,7 @@ def sweep_report(sweep_dir: str) -> list[str]:
   written = [report_lib.write_csv(frame.set_index("member"), os.path.join(out, "members.csv"))]
   title = f"# {sweep.get('name')}: {sweep.get('description', '')}\n\n"  # (the name says -smoke for a smoke run)
   if spec.get("rows") or spec.get("cols"):
-    markdown, means, stds = report_lib.paper_table(sweep, frame, spec)
-    written.append(report_lib.write_text(os.path.join(out, "table.md"), title + markdown))
-    written.append(report_lib.write_csv(means, os.path.join(out, "table.csv")))
-    labels = [c for c in frame if c.startswith("label:") and c != "label:seed"]
-    if report_lib.completed(frame).groupby(labels).size().max() > 1:
-      written.append(report_lib.write_csv(stds, os.path.join(out, "table_std.csv")))
+    written += _tables(sweep, frame, spec, out, title)
   written += kinds[kind](SweepReport(sweep_dir, sweep, frame, spec, out, title))
   run_dirs = [d for d in frame["run_dir"] if os.path.exists(os.path.join(d, "metrics.jsonl"))]
   for d in run_dirs:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from fedpsa_jax import io
+from fedpsa_jax import io, report_stats
 
 MISSING = "-"  # a cell the sweep leaves out (FedPAC on the linear model), as the paper prints it
 NOT_RUN = "n/a"  # a cell whose member has no completed run yet
@@ -56,15 +56,23 @@ def completed(frame: pd.DataFrame) -> pd.DataFrame:
 # --- tables -------------------------------------------------------------------------------------------
 
 
-def cell_stats(frame: pd.DataFrame, where: dict[str, Any], metric: str, scale: float) -> tuple[float, float, int]:
-  """(mean, std over seeds (0 for one), count) of `metric × scale` over the completed members matching
-  `where` ({axis: label}); (nan, nan, 0) when there is none."""
+def cell_values(frame: pd.DataFrame, where: dict[str, Any], metric: str, scale: float) -> dict[int, float]:
+  """{seed: `metric × scale`} of the completed members matching `where` ({axis: label}); {} when none."""
   rows = completed(frame)
   for k, v in where.items():
     rows = rows[rows[f"label:{k}"] == v]
   if metric not in rows or rows.empty:
+    return {}
+  seeds = rows["label:seed"].astype(int) if "label:seed" in rows else pd.Series(range(len(rows)), index=rows.index)
+  return {int(seed): float(value) * scale for seed, value in zip(seeds, rows[metric]) if value is not None}
+
+
+def cell_stats(frame: pd.DataFrame, where: dict[str, Any], metric: str, scale: float) -> tuple[float, float, int]:
+  """(mean, std over seeds (0 for one), count) of `metric × scale` over the completed members matching
+  `where` ({axis: label}); (nan, nan, 0) when there is none."""
+  values = np.array(list(cell_values(frame, where, metric, scale).values()))
+  if not len(values):
     return math.nan, math.nan, 0
-  values = rows[metric].astype(float).to_numpy() * scale
   return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0, len(values)
 
 
@@ -88,26 +96,53 @@ def _is_excluded(sweep: dict[str, Any], labels: dict[str, Any]) -> bool:
   return any(all(labels.get(k) == v for k, v in e.items()) for e in sweep.get("exclude", []))
 
 
+@dataclasses.dataclass(frozen=True)
+class Table:
+  """A table in the paper's layout: its markdown and, one row per row key and one column per column key (CSV
+  layout, row labels as the leading columns), the cells' means, the half-widths of their 95% t-intervals over
+  seeds (NaN with one seed), their seed counts, and (with a reference) the paired comparison of each cell with
+  the reference's cell of the same column: rows of `paired` are (row key, column, Δ, half-width, p, n)."""
+
+  markdown: str
+  means: pd.DataFrame
+  half_widths: pd.DataFrame
+  counts: pd.DataFrame
+  paired: pd.DataFrame | None
+
+
 def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any],
-                where: dict[str, Any] | None = None) -> tuple[str, pd.DataFrame, pd.DataFrame]:
-  """(markdown, means, stds) of the layout `spec` (rows, cols, metric, scale, decimals, best, row_mean,
-  delta) over the members matching `where`. The frames have one row per row key and one column per
-  column key (CSV layout; row labels as the leading columns)."""
+                where: dict[str, Any] | None = None) -> Table:
+  """The layout `spec` (rows, cols, metric, scale, decimals, best, row_mean, delta, reference) over the members
+  matching `where`. Cells print the mean over seeds, ± the half-width of its 95% t-interval when a cell has
+  several seeds; with `reference` ({axis: label}, e.g. {"method": "fedbuff"}), a cell whose paired difference
+  from the reference's cell (same column, same seeds; `report_stats.paired_difference`) is significant gets
+  ▲ (above) or ▼ (below). A caption under the table says how many seeds the cells have."""
   rows, cols = list(spec.get("rows", [])), list(spec.get("cols", []))
   where = dict(where or {})
   metric, scale, decimals = spec.get("metric", "final_test_accuracy"), float(spec.get("scale", 1.0)), int(
       spec.get("decimals", 2))
+  reference = dict(spec.get("reference") or {})
   row_keys = [tuple(k) for k in _product([axis_labels(sweep, r, frame) for r in rows])]
   col_keys = [tuple(k) for k in _product([axis_labels(sweep, c, frame) for c in cols])]
   means = np.full((len(row_keys), len(col_keys)), np.nan)
-  stds = np.full_like(means, np.nan)
+  halves = np.full_like(means, np.nan)
   counts = np.zeros(means.shape, int)
+  marks = np.zeros(means.shape, int)
   excluded = np.zeros(means.shape, bool)
+  paired = []
   for i, rk in enumerate(row_keys):
     for j, ck in enumerate(col_keys):
       labels = {**where, **dict(zip(rows, rk)), **dict(zip(cols, ck))}
       excluded[i, j] = _is_excluded(sweep, labels)
-      means[i, j], stds[i, j], counts[i, j] = cell_stats(frame, labels, metric, scale)
+      values = cell_values(frame, labels, metric, scale)
+      stat = report_stats.interval(list(values.values()))
+      means[i, j], halves[i, j], counts[i, j] = stat.mean, stat.half_width, stat.n
+      if reference and values and any(labels.get(k) != v for k, v in reference.items()):
+        base = cell_values(frame, {**labels, **reference}, metric, scale)
+        if base:
+          d = report_stats.paired_difference(values, base)
+          marks[i, j] = d.direction
+          paired.append((*rk, _key_text(spec, cols, ck) or metric, d.diff.mean, d.diff.half_width, d.p_value, d.diff.n))
   col_names = [_key_text(spec, cols, ck) or metric for ck in col_keys]
   extra_means, extra_names = [], []
   if spec.get("row_mean"):
@@ -121,8 +156,9 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
       extra_means.append(means[:, ja] - means[:, jb])
       extra_names.append(f"{display_name(spec, delta[0])} − {display_name(spec, delta[1])}" + (
           f" ({_key_text(spec, cols[:-1], col_keys[ja][:-1])})" if len(cols) > 1 else ""))
+  no_interval = [np.full(len(row_keys), np.nan) for _ in extra_means]
   all_means = np.column_stack([means, *extra_means]) if extra_means else means
-  all_stds = np.column_stack([stds, *[np.full(len(row_keys), np.nan) for _ in extra_means]]) if extra_means else stds
+  all_halves = np.column_stack([halves, *no_interval]) if extra_means else halves
   names = col_names + extra_names
   bold = np.zeros(all_means.shape, bool)
   best = spec.get("best", "max")
@@ -136,7 +172,6 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
           continue
         target = np.nanmax(column) if best == "max" else np.nanmin(column)
         bold[idx, j] = np.isclose(column, target) & ~np.isnan(column)
-  multi_seed = counts.max(initial=0) > 1
 
   def fmt(i: int, j: int) -> str:
     if j < len(col_keys) and excluded[i, j]:
@@ -144,23 +179,94 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
     m = all_means[i, j]
     if np.isnan(m):
       return NOT_RUN
-    text = f"{m:.{decimals}f}" + (f" ± {all_stds[i, j]:.{decimals}f}" if multi_seed and not np.isnan(all_stds[i, j])
-                                  else "")
-    return f"**{text}**" if bold[i, j] else text
+    text = f"{m:.{decimals}f}" + (f" ± {all_halves[i, j]:.{decimals}f}" if not np.isnan(all_halves[i, j]) else "")
+    text = f"**{text}**" if bold[i, j] else text
+    return text + {1: " ▲", -1: " ▼"}.get(int(marks[i, j]) if j < len(col_keys) else 0, "")
 
   header = [display_name(spec, r) for r in rows] + names
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for i, rk in enumerate(row_keys):
     lines.append("| " + " | ".join([display_name(spec, v) if not isinstance(v, float) else str(v) for v in rk]
                                     + [fmt(i, j) for j in range(len(names))]) + " |")
+  lines += ["", _caption(counts[counts > 0], spec, reference)]
   index = pd.MultiIndex.from_tuples(row_keys, names=rows) if rows else None
-  mean_frame = pd.DataFrame(all_means, index=index, columns=names)
-  std_frame = pd.DataFrame(all_stds, index=index, columns=names)
-  return "\n".join(lines) + "\n", mean_frame, std_frame
+  paired_frame = None
+  if reference:
+    paired_frame = pd.DataFrame(paired, columns=[*rows, "column", "difference", "ci95_half_width", "p_value", "seeds"])
+  return Table("\n".join(lines) + "\n", pd.DataFrame(all_means, index=index, columns=names),
+               pd.DataFrame(all_halves, index=index, columns=names),
+               pd.DataFrame(counts, index=index, columns=col_names), paired_frame)
+
+
+def _caption(counts: np.ndarray, spec: dict[str, Any], reference: dict[str, Any]) -> str:
+  """What the cells are: the seed count (or range), what ± means, what ▲/▼ mean."""
+  if not counts.size:
+    return "No member has completed yet."
+  low, high = int(counts.min()), int(counts.max())
+  if high == 1:
+    return "One seed per cell: no interval and no significance can be stated."
+  seeds = f"{low}" if low == high else f"{low}-{high}"
+  text = (f"Mean over {seeds} seeds ± the half-width of its {report_stats.CONFIDENCE:.0%} Student-t interval"
+          f"{'' if low > 1 else ' (none for a cell with one seed)'}.")
+  if reference:
+    name = " ".join(display_name(spec, v) for v in reference.values())
+    text += (f" ▲ / ▼: above / below {name} by more than the noise (paired t-test over the same seeds, "
+             f"p < {report_stats.SIGNIFICANCE:.2f}; paired.md has every difference).")
+  return text
 
 
 def _product(lists: Sequence[Sequence[Any]]) -> list[tuple]:
   return list(itertools.product(*lists))
+
+
+def paired_markdown(paired: pd.DataFrame, spec: dict[str, Any]) -> str:
+  """paired.md: per metric, every cell's difference from the reference (same column, same seeds): Δ ± the
+  half-width of its 95% t-interval, the paired t-test's p, the pairs, and whether Δ is larger than the noise."""
+  reference = " ".join(display_name(spec, v) for v in dict(spec.get("reference") or {}).values())
+  decimals = int(spec.get("decimals", 2))
+  keys = [c for c in paired.columns if c not in ("column", "difference", "ci95_half_width", "p_value", "seeds",
+                                                  "metric")]
+  sections = [f"Paired differences from {reference}: each cell minus {reference}'s cell of the same column, over "
+              f"the seeds both have (a paired t-test; 'larger than the noise' when p < "
+              f"{report_stats.SIGNIFICANCE:.2f}).\n"]
+  for metric, rows in paired.groupby("metric", sort=False):
+    lines = [f"## {display_name(spec, metric)}\n",
+             "| " + " | ".join([display_name(spec, k) for k in keys] + ["column", "Δ", "p", "seeds", "verdict"]) + " |",
+             "|" + "---|" * (len(keys) + 5)]
+    for _, r in rows.iterrows():
+      half = "" if np.isnan(r.ci95_half_width) else f" ± {r.ci95_half_width:.{decimals}f}"
+      p = "n/a" if np.isnan(r.p_value) else f"{r.p_value:.3f}"
+      verdict = ("one seed: unknown" if r.seeds < 2 else "within the noise" if not r.p_value < report_stats.SIGNIFICANCE
+                 else "higher" if r.difference > 0 else "lower")
+      lines.append("| " + " | ".join([display_name(spec, r[k]) for k in keys]
+                                      + [str(r.column), f"{r.difference:+.{decimals}f}{half}", p, str(int(r.seeds)),
+                                         verdict]) + " |")
+    sections.append("\n".join(lines) + "\n")
+  return "\n".join(sections)
+
+
+def provenance_section(frame: pd.DataFrame) -> str:
+  """'## Provenance': the commits, data fingerprints and machines the completed members' summary.json name
+  (`fedpsa_jax.provenance`), each with its member count, and their wall time in all."""
+  done = completed(frame)
+  seen: dict[str, dict[str, int]] = {"code": {}, "data": {}, "machine": {}}
+  for run_dir in done["run_dir"]:
+    p = (io.read_summary(run_dir) or {}).get("provenance") or {}
+    code, data, machine = p.get("code") or {}, p.get("data") or {}, p.get("machine") or {}
+    entries = {
+        "code": (f"commit {code['commit']}" + (" with uncommitted changes" if code.get("dirty") else "")
+                 if code.get("commit") else "not recorded"),
+        "data": f"{data['name']} {data['fingerprint']}" if data else "not recorded",
+        "machine": (f"{machine['cpu']} ({machine['cores']} cores), {machine['backend']}: {machine['devices']}, "
+                    f"jax {machine['jax']}" if machine else "not recorded")}
+    for k, v in entries.items():
+      seen[k][v] = seen[k].get(v, 0) + 1
+  lines = ["## Provenance", "", f"{len(done)} completed members"
+           + (f", {done['wall_seconds'].astype(float).sum() / 3600:.2f} h of wall time in all (their `wall_seconds`)."
+              if "wall_seconds" in done and len(done) else ".")]
+  for k, title in (("code", "Code"), ("data", "Data (name, fingerprint)"), ("machine", "Machine")):
+    lines.append(f"- {title}: " + "; ".join(f"{v} ({n} members)" for v, n in seen[k].items()))
+  return "\n".join(lines) + "\n"
 
 
 # --- figures ------------------------------------------------------------------------------------------
@@ -186,8 +292,9 @@ def save_figure(fig: Any, path: str) -> str:
   return path
 
 
-def _mean_curve(run_dirs: Sequence[str], y: str = "test_accuracy") -> tuple[np.ndarray, np.ndarray] | None:
-  """(days, mean of `y` over the runs) on the days every run logged (the evaluation grid)."""
+def _mean_curve(run_dirs: Sequence[str], y: str = "test_accuracy") -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+  """(days, mean of `y` over the runs, half-width of its 95% t-interval: NaN for one run) on the days every
+  run logged (the evaluation grid)."""
   frames = []
   for d in run_dirs:
     records = io.read_metrics(d)
@@ -196,13 +303,15 @@ def _mean_curve(run_dirs: Sequence[str], y: str = "test_accuracy") -> tuple[np.n
   if not frames:
     return None
   joined = pd.concat(frames, axis=1, join="inner").sort_index()
-  return joined.index.to_numpy(), joined.mean(axis=1).to_numpy()
+  stats = [report_stats.interval(row) for row in joined.to_numpy()]
+  return (joined.index.to_numpy(), np.array([s.mean for s in stats]), np.array([s.half_width for s in stats]))
 
 
 def curves_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], panels: Sequence[str],
                   lines: str, path: str) -> str | None:
   """Learning curves: one panel per combination of `panels`, one line per label of `lines` (mean over
-  seeds of test accuracy against virtual days). None when no member has metrics."""
+  seeds of test accuracy against virtual days, with a band of its 95% t-interval when there are several
+  seeds). None when no member has metrics."""
   plt = pyplot()
   done = completed(frame)
   if done.empty:
@@ -218,7 +327,11 @@ def curves_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, An
         sel = sel[sel[f"label:{k}"] == v]
       curve = _mean_curve(sel["run_dir"].tolist())
       if curve is not None:
-        ax.plot(curve[0], 100 * curve[1], label=display_name(spec, label))
+        days, mean, half = curve
+        (line,) = ax.plot(days, 100 * mean, label=display_name(spec, label))
+        if not np.isnan(half).all():  # several seeds: the band of the mean's 95% interval
+          ax.fill_between(days, 100 * (mean - half), 100 * (mean + half), color=line.get_color(), alpha=0.2,
+                          linewidth=0)
     ax.set_title(_key_text(spec, panels, key) or sweep.get("name", ""))
     ax.set_xlabel("virtual day")
     ax.set_ylabel("test accuracy (%)")
@@ -318,5 +431,5 @@ def table_curves(r: SweepReport) -> list[str]:
 
 
 __all__ = ["MISSING", "NOT_RUN", "ReportError", "ReportKind", "SweepReport", "axis_labels", "cell_stats", "completed",
-           "curves_figure", "display_name", "heatmap_figure", "learning_curve", "paper_table", "pyplot", "save_figure",
+           "curves_figure", "display_name", "heatmap_figure", "learning_curve", "paired_markdown", "paper_table", "provenance_section", "Table", "cell_values", "pyplot", "save_figure",
            "table_curves", "write_csv", "write_text"]

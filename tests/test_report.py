@@ -49,7 +49,7 @@ def _fake_sweep(tmp_path, accuracies: dict[tuple[str, float, int], float]) -> st
   return workdir
 
 
-def test_table_cells_are_mean_and_std_over_seeds_in_the_paper_layout(tmp_path):
+def test_table_cells_are_mean_and_interval_over_seeds_in_the_paper_layout(tmp_path):
   rng = np.random.default_rng(0)
   accs = {(m, d, s): float(rng.uniform(0.2, 0.9)) for m in ("fedbuff", "fedpac", "fedpsa")
           for d in ("mnist", "fashion_mnist") for s in (0, 1)}
@@ -57,7 +57,8 @@ def test_table_cells_are_mean_and_std_over_seeds_in_the_paper_layout(tmp_path):
   written = report.build(workdir)
   assert os.path.join(workdir, "report", "table.md") in written
   means = pd.read_csv(os.path.join(workdir, "report", "table.csv")).set_index("method")
-  stds = pd.read_csv(os.path.join(workdir, "report", "table_std.csv")).set_index("method")
+  halves = pd.read_csv(os.path.join(workdir, "report", "table_ci95.csv")).set_index("method")
+  counts = pd.read_csv(os.path.join(workdir, "report", "table_n.csv")).set_index("method")
   markdown = open(os.path.join(workdir, "report", "table.md")).read()
   for m in ("fedbuff", "fedpac", "fedpsa"):
     for d, column in (("mnist", "MNIST"), ("fashion_mnist", "FMNIST")):
@@ -66,8 +67,12 @@ def test_table_cells_are_mean_and_std_over_seeds_in_the_paper_layout(tmp_path):
         continue
       values = 100 * np.array([accs[(m, d, 0)], accs[(m, d, 1)]])
       assert means.loc[m, column] == pytest.approx(values.mean())
-      assert stds.loc[m, column] == pytest.approx(values.std(ddof=1))
-      assert f"{values.mean():.2f} ± {values.std(ddof=1):.2f}" in markdown
+      # scipy's t-interval of the mean, an independent reference for report_stats.interval.
+      low, high = scipy.stats.t.interval(0.95, 1, loc=values.mean(), scale=scipy.stats.sem(values))
+      assert halves.loc[m, column] == pytest.approx((high - low) / 2)
+      assert counts.loc[m, column] == 2
+      assert f"{values.mean():.2f} ± {(high - low) / 2:.2f}" in markdown
+  assert "Mean over 2 seeds ± the half-width of its 95% Student-t interval." in markdown
   fedpac_row = next(line for line in markdown.splitlines() if line.startswith("| FedPAC"))
   assert fedpac_row.endswith("| - |")
   for column in ("MNIST", "FMNIST"):  # the best of each column in bold
@@ -298,8 +303,8 @@ def test_sweep_report_dispatches_to_a_plugin_kind(tmp_path, monkeypatch):
   plugin = types.SimpleNamespace(REPORT_KINDS={"scatter": scatter})
   monkeypatch.setattr(figures, "modules", lambda: [types.SimpleNamespace(), plugin])
   workdir = _fake_sweep_of_kind(tmp_path, "scatter")
-  assert _report_files(workdir, report.build(workdir)) == ["members.csv", "table.md", "table.csv", "table_std.csv",
-                                                           "scatter.md"]
+  assert _report_files(workdir, report.build(workdir)) == ["members.csv", "table.md", "table.csv", "table_ci95.csv",
+                                                           "table_n.csv", "scatter.md"]
   (r,) = seen
   assert (r.sweep_dir, r.out, r.spec["kind"], r.spec["rows"]) == (workdir, os.path.join(workdir, "report"), "scatter",
                                                                   ["method"])
@@ -336,3 +341,99 @@ def test_the_plugins_and_report_lib_do_not_import_the_report_driver():
   done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr
   assert done.stdout.strip() == "False"
+
+
+# --- uncertainty: intervals, paired comparisons with a reference, bands, provenance ------------------
+
+
+def test_interval_and_paired_difference_agree_with_scipy():
+  from fedpsa_jax import report_stats
+
+  values = np.array([91.0, 93.5, 92.25, 95.0])
+  got = report_stats.interval(values)
+  low, high = scipy.stats.t.interval(0.95, 3, loc=values.mean(), scale=scipy.stats.sem(values))
+  assert (got.mean, got.n) == (pytest.approx(values.mean()), 4) and got.half_width == pytest.approx((high - low) / 2)
+  one = report_stats.interval([0.5])
+  assert one.mean == 0.5 and math.isnan(one.half_width)
+  a, b = {0: 90.0, 1: 92.0, 2: 91.0, 7: 50.0}, {0: 88.0, 1: 91.5, 2: 88.0, 3: 10.0}  # seeds 7 and 3 have no pair
+  d = report_stats.paired_difference(a, b)
+  diffs = np.array([2.0, 0.5, 3.0])
+  t = diffs.mean() / (diffs.std(ddof=1) / math.sqrt(3))  # by hand: the paired t statistic, two-sided p
+  assert d.diff.n == 3 and d.diff.mean == pytest.approx(diffs.mean())
+  assert d.p_value == pytest.approx(2 * scipy.stats.t.sf(abs(t), 2))
+  assert report_stats.paired_difference({0: 1.0}, {0: 0.0}).direction == 0  # one pair: never significant
+  assert report_stats.paired_difference({0: 2.0, 1: 3.0}, {0: 1.0, 1: 2.0}).direction == 1  # a constant gap
+
+
+def _reference_sweep(tmp_path, accuracy_of) -> str:
+  """A table1-like fake sweep (methods × α × 3 seeds) with a FedBuff reference and a second metric."""
+  base = config_lib.base_config()
+  config = paper.sweep_config("ref", "Reference table", base,
+                              [paper.method_axis(("fedbuff", "fedasync", "fedpsa")), paper.alpha_axis((0.1, 1.0))],
+                              [0, 1, 2], {"rows": ["method"], "cols": ["alpha"], "reference": {"method": "fedbuff"},
+                                          "more_metrics": ["aulc_per_day"]})
+  members = sweep.expand(config)
+  workdir = str(tmp_path / "ref")
+  sweep.write_sweep_json(config, members, workdir)
+  for m in members:
+    run_dir = sweep.member_dir(workdir, m)
+    os.makedirs(run_dir)
+    acc = accuracy_of(m.labels["method"], m.labels["alpha"], m.labels["seed"])
+    io.write_json_atomic(os.path.join(run_dir, "summary.json"), {
+        "status": "completed", "final_test_accuracy": acc, "aulc_per_day": acc / 2, "wall_seconds": 1800.0,
+        "provenance": {"code": {"commit": "abc" if m.labels["seed"] < 2 else "def", "dirty": False},
+                       "data": {"name": "mnist_5k", "fingerprint": "f00"},
+                       "machine": {"cpu": "CPU X", "cores": 2, "backend": "cpu", "devices": "1 × cpu", "jax": "0.1"}}})
+    with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+      for day, scale in ((0.0, 0.2), (0.1, 1.0)):
+        f.write(json.dumps({"day": day, "test_accuracy": acc * scale}) + "\n")
+  return workdir
+
+
+def test_reference_marks_only_differences_larger_than_the_noise(tmp_path):
+  seed_effect = {0: 0.0, 1: 0.05, 2: -0.04}  # shared by every method of a seed: what pairing removes
+  gap = {"fedbuff": {0: 0.0, 1: 0.0, 2: 0.0}, "fedasync": {0: -0.031, 1: -0.029, 2: -0.030},  # always lower
+         "fedpsa": {0: 0.02, 1: -0.03, 2: 0.01}}  # as often above as below: noise
+
+  workdir = _reference_sweep(tmp_path, lambda m, a, s: 0.8 + seed_effect[s] + gap[m][s] + (0.01 if a == 1.0 else 0))
+  written = _report_files(workdir, report.build(workdir))
+  assert {"paired.md", "paired.csv", "table_aulc_per_day.csv", "table_aulc_per_day_ci95.csv"} <= set(written)
+  markdown = open(os.path.join(workdir, "report", "table.md")).read()
+  rows = {}  # each method's rows of both tables
+  for line in markdown.splitlines():
+    if line.startswith("| Fed"):
+      rows[line.split(" | ")[0][2:]] = rows.get(line.split(" | ")[0][2:], "") + line
+  assert rows["FedAsync"].count("▼") == 4 and "▲" not in rows["FedAsync"]  # 2 columns × 2 metrics
+  assert "▼" not in rows["FedPSA (Ours)"] and "▲" not in rows["FedPSA (Ours)"]
+  assert "▲" not in rows["FedBuff (Base)"] and "▼" not in rows["FedBuff (Base)"]
+  assert "## AULC per virtual day" in markdown and "paired t-test over the same seeds" in markdown
+  paired = pd.read_csv(os.path.join(workdir, "report", "paired.csv"))
+  row = paired[(paired.method == "fedpsa") & (paired.column == "α=0.1") & (paired.metric == "final_test_accuracy")]
+  diffs = 100 * np.array([0.02, -0.03, 0.01])
+  assert row.difference.item() == pytest.approx(diffs.mean())
+  assert row.p_value.item() == pytest.approx(scipy.stats.ttest_rel(diffs, np.zeros(3)).pvalue)
+  assert "within the noise" in open(os.path.join(workdir, "report", "paired.md")).read()
+  # Provenance: both commits with their member counts, one data fingerprint, the summed wall time.
+  assert "commit abc (12 members); commit def (6 members)" in markdown
+  assert "mnist_5k f00 (18 members)" in markdown and "9.00 h of wall time" in markdown
+
+
+def test_one_seed_says_so_and_curves_get_a_band_with_several(tmp_path):
+  workdir = _reference_sweep(tmp_path, lambda m, a, s: 0.5 + 0.01 * s)
+  frame = report.load_members(workdir)[1]
+  days, mean, half = report_lib._mean_curve(frame[frame["label:method"] == "fedpsa"]["run_dir"].tolist()[:3])
+  finals = np.array([0.5, 0.51, 0.52])  # the three seeds of fedpsa at α = 0.1
+  assert list(days) == [0.0, 0.1] and mean[1] == pytest.approx(finals.mean())
+  assert half[1] == pytest.approx(report_stats_half(finals))
+  for name in os.listdir(os.path.join(workdir, "runs")):
+    if not name.endswith("seed=0"):
+      os.remove(os.path.join(workdir, "runs", name, "summary.json"))
+  report.build(workdir)
+  markdown = open(os.path.join(workdir, "report", "table.md")).read()
+  assert "One seed per cell: no interval and no significance can be stated." in markdown
+  assert "±" not in markdown and "▲" not in markdown and "▼" not in markdown
+
+
+def report_stats_half(values: np.ndarray) -> float:
+  low, high = scipy.stats.t.interval(0.95, len(values) - 1, loc=values.mean(), scale=scipy.stats.sem(values))
+  return (high - low) / 2

@@ -38,5 +38,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       base,
       [paper.method_axis(METHODS)],
       paper.seeds(options),
-      {"kind": "seeds", "rows": ["method"], "cols": [], "baseline": "fedbuff"},
+      {"rows": ["method"], "cols": [], "reference": {"method": "fedbuff"},
+       "more_metrics": ["aulc_per_day"]},
       overrides=overrides)

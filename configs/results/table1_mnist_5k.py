@@ -4,7 +4,7 @@ The seven methods of Table 1 × α ∈ {0.1, 0.5, 1.0} × seeds 0..2 (63 members
 images (`mnist_5k`, stratified 10% test holdout) with everything else as Sec. 6.1 sets it (the MNIST CNN,
 50 clients, FLGo Dirichlet, concurrency 20%, 5 epochs, batch 64, lr 0.01 × 0.999 per round, response
 times uniform on [10, 500]), for 0.25 virtual day (~850 client updates) instead of 10, evaluated every
-0.0125 day (21 points per curve). The report (`kind: "seeds"`) prints final accuracy and AULC as mean ±
+0.0125 day (21 points per curve). The report prints final accuracy and AULC as mean ±
 95% interval over seeds, each method's paired difference from FedBuff, and curves with a band per method.
 
 `launch.py --mode=sweep --config=configs/results/table1_mnist_5k.py --workdir=DIR`, then
@@ -36,5 +36,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       base,
       [paper.method_axis(), paper.alpha_axis()],
       paper.seeds(options),
-      {"kind": "seeds", "rows": ["method"], "cols": ["alpha"], "baseline": "fedbuff"},
+      {"rows": ["method"], "cols": ["alpha"], "reference": {"method": "fedbuff"},
+       "more_metrics": ["aulc_per_day"]},
       overrides=overrides)

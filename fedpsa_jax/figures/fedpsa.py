@@ -162,10 +162,9 @@ def overhead_report(r: report_lib.SweepReport) -> list[str]:
   written = report_lib.table_curves(r)
   sections, tables = [r.title], []
   for metric, scale, name in OVERHEAD_METRICS:
-    markdown, means, _ = report_lib.paper_table(r.sweep, r.frame, {**r.spec, "metric": metric, "scale": scale,
-                                                                   "decimals": 3})
-    sections.append(f"## {name}\n\n{markdown}")
-    tables.append(means.add_prefix(f"{metric}:"))
+    table = report_lib.paper_table(r.sweep, r.frame, {**r.spec, "metric": metric, "scale": scale, "decimals": 3})
+    sections.append(f"## {name}\n\n{table.markdown}")
+    tables.append(table.means.add_prefix(f"{metric}:"))
   written.append(report_lib.write_text(r.path("overhead.md"), "\n".join(sections)))
   written.append(report_lib.write_csv(pd.concat(tables, axis=1), r.path("overhead.csv")))
   written.append(overhead_figure(r.sweep, r.frame, r.spec, r.path("overhead.png")))

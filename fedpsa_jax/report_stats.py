@@ -1,0 +1,76 @@
+"""The statistics a report states its uncertainty with: intervals over seeds and paired comparisons.
+
+A sweep repeats each member over seeds 0..K-1, and two methods run with the same seed share the partition,
+the clients' response times and the initial model. So a method is compared with a reference method seed by
+seed (a paired test, which removes the variation the seeds share), and a cell's own spread is the Student-t
+interval of its mean over the seeds. Both need at least two seeds; with one, they are NaN and the report
+says it has one seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping
+
+import numpy as np
+import scipy.stats
+
+CONFIDENCE = 0.95  # of every interval a report prints
+SIGNIFICANCE = 1.0 - CONFIDENCE  # a paired difference is "larger than the noise" when p < this
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+  """The mean of n values and the half-width of its two-sided t-interval (NaN for n < 2)."""
+
+  mean: float
+  half_width: float
+  n: int
+
+
+def interval(values: np.ndarray | list[float]) -> Interval:
+  """mean ± t_{n-1, 0.975} · s / √n of `values` (s the sample standard deviation)."""
+  v = np.asarray(values, float)
+  n = len(v)
+  if n == 0:
+    return Interval(math.nan, math.nan, 0)
+  if n == 1:
+    return Interval(float(v[0]), math.nan, 1)
+  t = scipy.stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1)
+  return Interval(float(v.mean()), float(t * v.std(ddof=1) / math.sqrt(n)), n)
+
+
+@dataclasses.dataclass(frozen=True)
+class PairedDifference:
+  """`values − reference` over the seeds both have: its mean and t-interval, the paired t-test's two-sided p
+  (NaN for fewer than two pairs, or when every difference is the same), and whether it is significant."""
+
+  diff: Interval
+  p_value: float
+
+  @property
+  def significant(self) -> bool:
+    return bool(self.p_value < SIGNIFICANCE)  # (NaN compares False: too few seeds is never significant)
+
+  @property
+  def direction(self) -> int:
+    """+1 significantly above the reference, -1 below, 0 within the noise."""
+    return int(np.sign(self.diff.mean)) if self.significant else 0
+
+
+def paired_difference(values: Mapping[int, float], reference: Mapping[int, float]) -> PairedDifference:
+  """The paired comparison of `values` with `reference`, both {seed: value}, over their common seeds."""
+  seeds = sorted(set(values) & set(reference))
+  a = np.array([values[s] for s in seeds], float)
+  b = np.array([reference[s] for s in seeds], float)
+  diff = interval(a - b)
+  p_value = math.nan
+  if len(seeds) >= 2 and np.ptp(a - b) > 0:
+    p_value = float(scipy.stats.ttest_rel(a, b).pvalue)
+  elif len(seeds) >= 2 and diff.mean != 0:  # every pair differs by the same amount: no noise at all
+    p_value = 0.0
+  return PairedDifference(diff, p_value)
+
+
+__all__ = ["CONFIDENCE", "Interval", "PairedDifference", "SIGNIFICANCE", "interval", "paired_difference"]
