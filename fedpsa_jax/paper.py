@@ -49,6 +49,22 @@ PAPER_MODELS = {"mnist": "mnist_cnn", "fashion_mnist": "linear", "cifar10": "cif
 # The smoke stand-in model: small, with a feature extractor where the paper's model has one.
 SMOKE_MODELS = {"mnist_cnn": "tiny_mlp", "cifar_cnn": "tiny_mlp", "linear": "linear"}
 ALPHAS = (0.1, 0.5, 1.0)
+# The paper's Table 1, MNIST columns: final accuracy (%) after 10 virtual days, {method: {α: value}}, for a
+# report's `published` comparison (the FMNIST columns and Table 2 can be added the same way).
+TABLE1_MNIST = {
+    "fedbuff": {0.1: 98.66, 0.5: 98.76, 1.0: 98.70}, "fedavg": {0.1: 98.35, 0.5: 98.67, 1.0: 98.70},
+    "fedasync": {0.1: 95.62, 0.5: 97.59, 1.0: 97.95}, "ca2fl": {0.1: 98.49, 0.5: 98.73, 1.0: 98.79},
+    "fedfa": {0.1: 94.72, 0.5: 97.12, 1.0: 97.75}, "fedpac": {0.1: 85.75, 0.5: 96.46, 1.0: 97.23},
+    "fedpsa": {0.1: 98.53, 0.5: 98.79, 1.0: 98.84}}
+
+
+def published(table: dict[str, dict[float, float]], source: str,
+              methods: tuple[str, ...] = METHODS) -> dict[str, Any]:
+  """A report's `published` section: `source` (the citation), the summary field the values are of (`metric`,
+  in the report's scale) and its values as [method, column key, value] rows, the column key being the cell's
+  column labels joined by ',' (`report_lib.column_key`; here the α; rows, since a config's keys hold no dots)."""
+  return {"source": source, "metric": "final_test_accuracy",
+          "values": [[m, str(a), v] for m in methods for a, v in table[m].items()]}
 
 
 def parse_arg(arg: str | None, **spec: Any) -> tuple[ml_collections.ConfigDict, dict[str, Any]]:
@@ -132,6 +148,7 @@ def sweep_config(name: str, description: str, base: ml_collections.ConfigDict, a
   r.delta = []  # [col_a, col_b]: add a column a − b of the innermost column axis (Table 5's Abs. Δ)
   r.more_metrics = []  # further summary.json fields, a table each in table.md (e.g. "aulc_per_day")
   r.reference = {}  # {axis: label}: mark cells differing from this one's by more than the noise (paired.md)
+  r.published = {}  # {source, metric, values: [[row label, column key, value]]}: the paper's numbers beside ours
   r.display = dict(DISPLAY_NAMES)  # printed names of labels and axes
   r.update(report)
   c.report = r

@@ -122,6 +122,10 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
   metric, scale, decimals = spec.get("metric", "final_test_accuracy"), float(spec.get("scale", 1.0)), int(
       spec.get("decimals", 2))
   reference = dict(spec.get("reference") or {})
+  published = {}  # {row label: {column key: value}} of the `published` rows [row label, column key, value]
+  for row_label, key, value in (spec.get("published") or {}).get("values", []) if (spec.get("published") or {}).get(
+      "metric") == metric else []:
+    published.setdefault(str(row_label), {})[str(key)] = float(value)
   row_keys = [tuple(k) for k in _product([axis_labels(sweep, r, frame) for r in rows])]
   col_keys = [tuple(k) for k in _product([axis_labels(sweep, c, frame) for c in cols])]
   means = np.full((len(row_keys), len(col_keys)), np.nan)
@@ -142,7 +146,8 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
         if base:
           d = report_stats.paired_difference(values, base)
           marks[i, j] = d.direction
-          paired.append((*rk, _key_text(spec, cols, ck) or metric, d.diff.mean, d.diff.half_width, d.p_value, d.diff.n))
+          paired.append((*rk, _key_text(spec, cols, ck) or metric, d.diff.mean, d.diff.half_width, d.p_value, d.diff.n,
+                         _published(published, {**labels, **reference}, rows, ck, rk)))
   col_names = [_key_text(spec, cols, ck) or metric for ck in col_keys]
   extra_means, extra_names = [], []
   if spec.get("row_mean"):
@@ -192,10 +197,45 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
   index = pd.MultiIndex.from_tuples(row_keys, names=rows) if rows else None
   paired_frame = None
   if reference:
-    paired_frame = pd.DataFrame(paired, columns=[*rows, "column", "difference", "ci95_half_width", "p_value", "seeds"])
+    paired_frame = pd.DataFrame(paired, columns=[*rows, "column", "difference", "ci95_half_width", "p_value", "seeds",
+                                                 "published_difference"])
+  if published:
+    lines += ["", f"Published ({spec['published'].get('source', '')}):", "",
+              _published_markdown(published, rows, row_keys, col_keys, col_names, spec)]
   return Table("\n".join(lines) + "\n", pd.DataFrame(all_means, index=index, columns=names),
                pd.DataFrame(all_halves, index=index, columns=names),
                pd.DataFrame(counts, index=index, columns=col_names), paired_frame)
+
+
+def column_key(labels: Sequence[Any]) -> str:
+  """A column's key in a `published` section: its labels joined by ','."""
+  return ",".join(str(label) for label in labels)
+
+
+def _published(published: dict[str, Any], reference_labels: dict[str, Any], rows: list[str], ck: tuple,
+               rk: tuple) -> float:
+  """The published value of row `rk` minus the reference's, in column `ck`; NaN when either is missing."""
+  if not published or len(rows) != 1:
+    return math.nan
+  own = published.get(str(rk[0]), {}).get(column_key(ck))
+  base = published.get(str(reference_labels[rows[0]]), {}).get(column_key(ck))
+  return math.nan if own is None or base is None else float(own) - float(base)
+
+
+def _published_markdown(published: dict[str, Any], rows: list[str], row_keys: list[tuple], col_keys: list[tuple],
+                        col_names: list[str], spec: dict[str, Any]) -> str:
+  """The published values in the table's layout (one row axis), the best of each column in bold."""
+  grid = np.array([[float(published.get(str(rk[0]), {}).get(column_key(ck), math.nan)) for ck in col_keys]
+                   for rk in row_keys])
+  lines = ["| " + " | ".join([display_name(spec, r) for r in rows] + col_names) + " |", "|" + "---|" * (1 + len(col_keys))]
+  for i, rk in enumerate(row_keys):
+    cells = []
+    for j in range(len(col_keys)):
+      v = grid[i, j]
+      best = not np.isnan(v) and np.isclose(v, np.nanmax(grid[:, j]))
+      cells.append(MISSING if np.isnan(v) else f"**{v:.2f}**" if best else f"{v:.2f}")
+    lines.append("| " + " | ".join([display_name(spec, rk[0])] + cells) + " |")
+  return "\n".join(lines)
 
 
 def _caption(counts: np.ndarray, spec: dict[str, Any], reference: dict[str, Any]) -> str:
@@ -225,24 +265,37 @@ def paired_markdown(paired: pd.DataFrame, spec: dict[str, Any]) -> str:
   reference = " ".join(display_name(spec, v) for v in dict(spec.get("reference") or {}).values())
   decimals = int(spec.get("decimals", 2))
   keys = [c for c in paired.columns if c not in ("column", "difference", "ci95_half_width", "p_value", "seeds",
-                                                  "metric")]
+                                                  "metric", "published_difference")]
   sections = [f"Paired differences from {reference}: each cell minus {reference}'s cell of the same column, over "
               f"the seeds both have (a paired t-test; 'larger than the noise' when p < "
               f"{report_stats.SIGNIFICANCE:.2f}).\n"]
   for metric, rows in paired.groupby("metric", sort=False):
+    with_paper = rows["published_difference"].notna().any()
+    extra = ["published Δ", "the published ordering"] if with_paper else []
     lines = [f"## {display_name(spec, metric)}\n",
-             "| " + " | ".join([display_name(spec, k) for k in keys] + ["column", "Δ", "p", "seeds", "verdict"]) + " |",
-             "|" + "---|" * (len(keys) + 5)]
+             "| " + " | ".join([display_name(spec, k) for k in keys] + ["column", "Δ", "p", "seeds", "verdict", *extra])
+             + " |", "|" + "---|" * (len(keys) + 5 + len(extra))]
     for _, r in rows.iterrows():
       half = "" if np.isnan(r.ci95_half_width) else f" ± {r.ci95_half_width:.{decimals}f}"
       p = "n/a" if np.isnan(r.p_value) else f"{r.p_value:.3f}"
       verdict = ("one seed: unknown" if r.seeds < 2 else "within the noise" if not r.p_value < report_stats.SIGNIFICANCE
                  else "higher" if r.difference > 0 else "lower")
-      lines.append("| " + " | ".join([display_name(spec, r[k]) for k in keys]
-                                      + [str(r.column), f"{r.difference:+.{decimals}f}{half}", p, str(int(r.seeds)),
-                                         verdict]) + " |")
+      cells = [str(r.column), f"{r.difference:+.{decimals}f}{half}", p, str(int(r.seeds)), verdict]
+      if with_paper:
+        cells += ["-" if np.isnan(r.published_difference) else f"{r.published_difference:+.2f}", _ordering(r.published_difference, r.difference, verdict)]
+      lines.append("| " + " | ".join([display_name(spec, r[k]) for k in keys] + cells) + " |")
     sections.append("\n".join(lines) + "\n")
   return "\n".join(sections)
+
+
+def _ordering(published: float, ours: float, verdict: str) -> str:
+  """Whether our paired difference reproduces the sign of the published one: 'holds' / 'reversed' when ours
+  is larger than the noise, 'not resolved' when it is not."""
+  if np.isnan(published):
+    return "-"
+  if verdict in ("higher", "lower"):
+    return "holds" if np.sign(ours) == np.sign(published) else "reversed" if published != 0 else "published: a tie"
+  return "not resolved"
 
 
 def provenance_section(frame: pd.DataFrame) -> str:
@@ -431,5 +484,5 @@ def table_curves(r: SweepReport) -> list[str]:
 
 
 __all__ = ["MISSING", "NOT_RUN", "ReportError", "ReportKind", "SweepReport", "axis_labels", "cell_stats", "completed",
-           "curves_figure", "display_name", "heatmap_figure", "learning_curve", "paired_markdown", "paper_table", "provenance_section", "Table", "cell_values", "pyplot", "save_figure",
+           "curves_figure", "display_name", "heatmap_figure", "learning_curve", "paired_markdown", "paper_table", "provenance_section", "Table", "cell_values", "column_key", "pyplot", "save_figure",
            "table_curves", "write_csv", "write_text"]

@@ -365,13 +365,18 @@ def test_interval_and_paired_difference_agree_with_scipy():
   assert report_stats.paired_difference({0: 2.0, 1: 3.0}, {0: 1.0, 1: 2.0}).direction == 1  # a constant gap
 
 
+PUBLISHED = {"source": "Paper, Table 9", "metric": "final_test_accuracy",
+             "values": [["fedbuff", "0.1", 98.0], ["fedbuff", "1.0", 97.0], ["fedasync", "0.1", 95.0],
+                        ["fedasync", "1.0", 97.5], ["fedpsa", "0.1", 98.5]]}  # FedAsync > FedBuff at α = 1.0: reversed
+
+
 def _reference_sweep(tmp_path, accuracy_of) -> str:
   """A table1-like fake sweep (methods × α × 3 seeds) with a FedBuff reference and a second metric."""
   base = config_lib.base_config()
   config = paper.sweep_config("ref", "Reference table", base,
                               [paper.method_axis(("fedbuff", "fedasync", "fedpsa")), paper.alpha_axis((0.1, 1.0))],
                               [0, 1, 2], {"rows": ["method"], "cols": ["alpha"], "reference": {"method": "fedbuff"},
-                                          "more_metrics": ["aulc_per_day"]})
+                                          "more_metrics": ["aulc_per_day"], "published": PUBLISHED})
   members = sweep.expand(config)
   workdir = str(tmp_path / "ref")
   sweep.write_sweep_json(config, members, workdir)
@@ -412,7 +417,17 @@ def test_reference_marks_only_differences_larger_than_the_noise(tmp_path):
   diffs = 100 * np.array([0.02, -0.03, 0.01])
   assert row.difference.item() == pytest.approx(diffs.mean())
   assert row.p_value.item() == pytest.approx(scipy.stats.ttest_rel(diffs, np.zeros(3)).pvalue)
-  assert "within the noise" in open(os.path.join(workdir, "report", "paired.md")).read()
+  paired_md = open(os.path.join(workdir, "report", "paired.md")).read()
+  assert "within the noise" in paired_md
+  # Beside the published Δ: FedAsync's significant drop holds at α = 0.1 and reverses the paper at α = 1.0;
+  # FedPSA's noise resolves nothing; the published table sits under ours, only in the accuracy's section.
+  line = lambda method, column: next(l for l in paired_md.splitlines() if l.startswith(f"| {method} | {column} |"))
+  assert line("FedAsync", "α=0.1").endswith("| lower | -3.00 | holds |")
+  assert line("FedAsync", "α=1.0").endswith("| lower | +0.50 | reversed |")
+  assert line("FedPSA (Ours)", "α=0.1").endswith("| +0.50 | not resolved |")
+  assert line("FedPSA (Ours)", "α=1.0").endswith("| within the noise | - | - |")  # no published value
+  assert markdown.count("Published (Paper, Table 9):") == 1
+  assert "| FedBuff (Base) | 98.00 | 97.00 |" in markdown and "| FedPSA (Ours) | **98.50** | - |" in markdown
   # Provenance: both commits with their member counts, one data fingerprint, the summed wall time.
   assert "commit abc (12 members); commit def (6 members)" in markdown
   assert "mnist_5k f00 (18 members)" in markdown and "9.00 h of wall time" in markdown

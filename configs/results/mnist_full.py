@@ -16,6 +16,7 @@ import ml_collections
 
 from fedpsa_jax import paper
 
+PUBLISHED = "FedPSA paper, Table 1 (MNIST, 10 virtual days, full MNIST)"
 SEEDS = 2
 METHODS = ("fedbuff", "fedasync", "ca2fl", "fedpsa")  # Table 1's order
 
@@ -36,8 +37,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       "mnist-full",
       "FedPSA, FedBuff, CA2FL and FedAsync on the full MNIST at α = 0.1",
       base,
-      [paper.method_axis(METHODS)],
+      [paper.method_axis(METHODS), paper.alpha_axis((0.1,))],
       paper.seeds(options),
-      {"rows": ["method"], "cols": [], "reference": {"method": "fedbuff"},
-       "more_metrics": ["aulc_per_day"]},
+      {"rows": ["method"], "cols": ["alpha"], "reference": {"method": "fedbuff"},
+       "more_metrics": ["aulc_per_day"],
+       "published": paper.published(paper.TABLE1_MNIST, PUBLISHED, METHODS)},
       overrides=overrides)

@@ -17,6 +17,7 @@ import ml_collections
 
 from fedpsa_jax import paper
 
+PUBLISHED = "FedPSA paper, Table 1 (MNIST, 10 virtual days, full MNIST)"
 SEEDS = 3  # the minimum for an interval over seeds
 
 
@@ -37,5 +38,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       [paper.method_axis(), paper.alpha_axis()],
       paper.seeds(options),
       {"rows": ["method"], "cols": ["alpha"], "reference": {"method": "fedbuff"},
-       "more_metrics": ["aulc_per_day"]},
+       "more_metrics": ["aulc_per_day"], "published": paper.published(paper.TABLE1_MNIST, PUBLISHED)},
       overrides=overrides)
