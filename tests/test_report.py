@@ -261,7 +261,16 @@ def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
   both = np.concatenate([pairs[0], pairs[1]])
   assert saved["n"] == 60
   assert saved["pearson"] == pytest.approx(scipy.stats.pearsonr(both[:, 0], both[:, 1]).statistic, abs=1e-12)
+  intervals = saved.pop("intervals")
   assert saved == json.loads(json.dumps(fedpsa_figures.alignment_stats(both[:, 0], both[:, 1], 0.1)))
+  # The sample-level bootstrap intervals against scipy's (another random stream: Monte Carlo noise only).
+  for name, fn in (("pearson", scipy.stats.pearsonr), ("spearman", scipy.stats.spearmanr)):
+    ref = scipy.stats.bootstrap((both[:, 0], both[:, 1]), lambda k, a: fn(k, a)[0], paired=True, vectorized=False,
+                                n_resamples=2000, method="percentile", rng=np.random.default_rng(1)).confidence_interval
+    assert intervals[name] == pytest.approx([ref.low, ref.high], abs=0.05)
+    assert intervals[name][0] < saved[name] < intervals[name][1]
+  assert all(lo <= saved[n] <= hi for n, (lo, hi) in intervals.items() if not math.isnan(lo))
+  assert "95% bootstrap intervals" in open(os.path.join(workdir, "report", "alignment.md")).read()
 
 
 # --- report kinds ---------------------------------------------------------------------------------------

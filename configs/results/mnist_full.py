@@ -2,9 +2,11 @@
 
 FedPSA, FedBuff, CA2FL and FedAsync × seeds 0..1 (8 members) with Sec. 6.1's setup (the MNIST CNN, 50
 clients, FLGo Dirichlet, concurrency 20%, 5 epochs, batch 64, lr 0.01 × 0.999 per round, response times
-uniform on [10, 500]) for 0.05 virtual day (~170 client updates): each client holds ~1,200 images (~94 SGD steps per update,
-~4 s here), so this is the longest horizon whose sweep fits in about two hours of a 2-core CPU. FedPSA's members record κ
-and the gradient alignment of every received update (events.jsonl) for Fig. 6's correlation.
+uniform on [10, 500]) for 0.05 virtual day (~170 client updates): each client holds ~1,200 images (~94 SGD
+steps per update), so this is the longest horizon whose sweep fits in about two hours of a 2-core CPU.
+FedPSA's members record κ and the gradient alignment of every received update (events.jsonl). The report:
+the table (mean ± 95% interval, paired differences from FedBuff, the paper's Table 1 beside it) and Fig. 6's
+κ against alignment over FedPSA's updates, with bootstrap intervals on Pearson and Spearman.
 
 `launch.py --mode=sweep --config=configs/results/mnist_full.py:data.data_dir=DIR --workdir=WORKDIR`, DIR a
 tfds data folder holding `mnist/3.0.1` prepared (README, "Data"); then `--mode=report --workdir=WORKDIR`.
@@ -39,7 +41,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       base,
       [paper.method_axis(METHODS), paper.alpha_axis((0.1,))],
       paper.seeds(options),
-      {"rows": ["method"], "cols": ["alpha"], "reference": {"method": "fedbuff"},
+      {"kind": "alignment", "bin_width": 0.1, "rows": ["method"], "cols": ["alpha"], "reference": {"method": "fedbuff"},
        "more_metrics": ["aulc_per_day"],
        "published": paper.published(paper.TABLE1_MNIST, PUBLISHED, METHODS)},
       overrides=overrides)

@@ -74,12 +74,43 @@ def alignment_stats(kappa: np.ndarray, align: np.ndarray, bin_width: float = 0.1
           "binned_spearman": corr(scipy.stats.spearmanr, centres, means), "bins": bins}
 
 
+CORRELATIONS = ("pearson", "spearman", "binned_pearson", "binned_spearman")
+BOOTSTRAP_RESAMPLES = 2000  # of `alignment_intervals`: enough for the 2.5% / 97.5% percentiles to settle
+
+
+def alignment_intervals(kappa: np.ndarray, align: np.ndarray, bin_width: float = 0.1,
+                        resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> dict[str, list[float]]:
+  """{correlation: [low, high]}: the 95% percentile-bootstrap interval of each of `alignment_stats`'s four
+  correlations, resampling the (κ, align) pairs with replacement (and re-binning for the binned ones) from the
+  random stream `seed`. It treats the pairs as independent, which consecutive updates of one run are not
+  quite: the intervals are a lower bound on the uncertainty. [nan, nan] where a correlation is undefined."""
+  kappa, align = np.asarray(kappa, float), np.asarray(align, float)
+  rng = np.random.default_rng(seed)
+  draws = {name: [] for name in CORRELATIONS}
+  for _ in range(resamples if len(kappa) >= 3 else 0):
+    idx = rng.integers(0, len(kappa), len(kappa))
+    stats = alignment_stats(kappa[idx], align[idx], bin_width)
+    for name in CORRELATIONS:
+      draws[name].append(stats[name])
+  out = {}
+  for name, values in draws.items():
+    values = np.asarray(values, float)
+    values = values[~np.isnan(values)]
+    out[name] = [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))] if len(values) else [
+        math.nan, math.nan]
+  return out
+
+
 def alignment_markdown(stats: dict[str, Any]) -> str:
-  """The statistics of `alignment_stats` as markdown: the correlations, then one row per κ bin."""
-  lines = [f"{stats['n']} received updates (pairs of κ, align).", "",
+  """The statistics of `alignment_stats` as markdown: the correlations (with their bootstrap intervals when
+  `stats` has `intervals`), then one row per κ bin."""
+  ci = stats.get("intervals")
+  cell = lambda name: f"{stats[name]:.4f}" + (f" [{ci[name][0]:.3f}, {ci[name][1]:.3f}]" if ci else "")
+  lines = [f"{stats['n']} received updates (pairs of κ, align)."
+           + (" In brackets: 95% bootstrap intervals over the pairs (assumed independent)." if ci else ""), "",
            "| level | Pearson r | Spearman ρ |", "|---|---|---|",
-           f"| sample | {stats['pearson']:.4f} | {stats['spearman']:.4f} |",
-           f"| binned (width {stats['bin_width']}) | {stats['binned_pearson']:.4f} | {stats['binned_spearman']:.4f} |",
+           f"| sample | {cell('pearson')} | {cell('spearman')} |",
+           f"| binned (width {stats['bin_width']}) | {cell('binned_pearson')} | {cell('binned_spearman')} |",
            "", "| κ bin | count | mean κ | mean alignment |", "|---|---|---|---|"]
   lines += [f"| [{b['lo']:.1f}, {b['hi']:.1f}) | {b['count']} | {b['mean_kappa']:.4f} | {b['mean_alignment']:.4f} |"
             for b in stats["bins"]]
@@ -111,14 +142,15 @@ def alignment_figure(stats: dict[str, Any], path: str, pairs: tuple[np.ndarray, 
 
 def alignment_report(r: report_lib.SweepReport) -> list[str]:
   """Report kind 'alignment' (Fig. 6): the pairs of every completed member pooled, their statistics
-  (`spec.bin_width`, default 0.1) and the bin plot. No pairs is an error naming the config that logs them."""
+  (`spec.bin_width`, default 0.1) with bootstrap intervals (`alignment_intervals`) and the bin plot. No pairs is an error naming the config that logs them."""
   written = report_lib.table_curves(r)
   kappa, align = alignment_pairs(report_lib.completed(r.frame)["run_dir"].tolist())
   if len(kappa) == 0:
     raise report_lib.ReportError(f"{r.sweep_dir!r}: no κ-alignment pairs in the members' events.jsonl; allowed: a "
                                  "sweep run with fedpsa.log_alignment=True and output.events=True "
                                  "(configs/paper/fig6.py)")
-  stats = alignment_stats(kappa, align, float(r.spec.get("bin_width", 0.1)))
+  bin_width = float(r.spec.get("bin_width", 0.1))
+  stats = {**alignment_stats(kappa, align, bin_width), "intervals": alignment_intervals(kappa, align, bin_width)}
   written.append(report_lib.write_text(r.path("alignment.md"), r.title + alignment_markdown(stats)))
   written.append(report_lib.write_csv(pd.DataFrame(stats["bins"]), r.path("alignment_bins.csv")))
   io.write_json_atomic(r.path("alignment.json"), stats)
@@ -173,5 +205,6 @@ def overhead_report(r: report_lib.SweepReport) -> list[str]:
 
 REPORT_KINDS = {"overhead": overhead_report, "alignment": alignment_report}
 
-__all__ = ["OVERHEAD_METRICS", "REPORT_KINDS", "alignment_figure", "alignment_markdown", "alignment_pairs",
+__all__ = ["BOOTSTRAP_RESAMPLES", "CORRELATIONS", "OVERHEAD_METRICS", "REPORT_KINDS", "alignment_figure",
+           "alignment_intervals", "alignment_markdown", "alignment_pairs",
            "alignment_report", "alignment_stats", "overhead_figure", "overhead_report"]
