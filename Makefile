@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast test-avx2 setup clean
+.PHONY: run test test-fast test-avx2 setup clean results results-report
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,26 @@ NUMERICS_TESTS := tests/test_numerics.py tests/test_models.py tests/test_fisher.
 test-avx2: $(STAMP)
 	FEDPSA_TEST_FULL_OPT=1 XLA_FLAGS="$(XLA_FLAGS) --xla_cpu_max_isa=AVX2" $(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal \
 		$(NUMERICS_TESTS) $(ARGS)
+
+# docs/results.md: its two sweeps (hours to a day of a 2-core CPU; rerun to resume, finished members are
+# skipped), their reports, and the reports' files copied into docs/results/. DATA: a tfds data folder holding
+# the full MNIST prepared (README, "Data"); RESULTS: where the runs go.
+RESULTS ?= runs/results
+DATA ?= $(HOME)/tensorflow_datasets
+RESULT_SWEEPS := table1_mnist_5k mnist_full
+results: $(STAMP)
+	$(PY) launch.py --mode=sweep --config=configs/results/table1_mnist_5k.py --workdir=$(RESULTS)/table1_mnist_5k
+	$(PY) launch.py --mode=sweep --config=configs/results/mnist_full.py:data.data_dir=$(DATA) \
+		--workdir=$(RESULTS)/mnist_full
+	$(MAKE) results-report
+
+# The reports alone (of finished or partly finished sweeps: a member not finished shows as n/a).
+results-report: $(STAMP)
+	for s in $(RESULT_SWEEPS); do \
+		test -f $(RESULTS)/$$s/sweep.json || { echo "$(RESULTS)/$$s: not started, skipped"; continue; }; \
+		$(PY) launch.py --mode=report --workdir=$(RESULTS)/$$s && rm -rf docs/results/$$s && mkdir -p docs/results/$$s && \
+		find $(RESULTS)/$$s/report -maxdepth 1 -type f -exec cp {} docs/results/$$s/ \; || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
