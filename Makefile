@@ -25,9 +25,10 @@ test: $(STAMP)
 	$(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal $(ARGS)
 
 # The edit-test loop: everything but the tests marked slow (all of tests/e2e/: whole runs, launch.py subprocesses,
-# sweeps, the notebook; and a few slow module tests marked by hand).
+# sweeps, the notebook; and a few slow module tests marked by hand). It keeps its compiled programs in
+# .pytest_cache/fedpsa-jax between runs (tests/conftest.py), so a rerun compiles only what an edit changed.
 test-fast: $(STAMP)
-	$(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal -m "not slow" $(ARGS)
+	FEDPSA_TEST_CACHE=$${FEDPSA_TEST_CACHE:-.pytest_cache/fedpsa-jax} $(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal -m "not slow" $(ARGS)
 
 # The numerics-heavy files again with XLA:CPU held to AVX2 (other vector widths and summation orders than an
 # AVX-512 machine's): a tolerance fitted to one CPU's bits fails here before it lands. CI runs it after `test`.

@@ -5,7 +5,8 @@ Most of the suite's time is XLA compiling the same programs again: every test bu
 whose jitted closures are new Python objects with the same HLO, in each of the xdist workers and in
 every launch.py subprocess. The cache (keyed by HLO, backend, devices and JAX version) holds the compiled
 code itself, so results do not change; the compile counter still counts every hit, so the tests that
-count compiles see the same numbers. The directory is new for each session and removed after it.
+count compiles see the same numbers. The directory is new for each session and removed after it, unless
+FEDPSA_TEST_CACHE names one to keep (`make test-fast`: the edit-test loop then compiles only what changed).
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ import pytest
 
 _CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 _OWNED = "FEDPSA_TEST_OWNS_JAX_CACHE"  # set on the process that made the directory, which removes it
+# A directory kept between sessions (`make test-fast` sets it): the next session reads every program it
+# compiles again from there instead of compiling it. Its size is capped (`_KEPT_CACHE_BYTES`, oldest out).
+_KEPT_ENV = "FEDPSA_TEST_CACHE"
+_KEPT_CACHE_BYTES = 2 * 2**30
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -28,11 +33,17 @@ def pytest_configure(config: pytest.Config) -> None:
   # subprocesses (launch.py) inherit it too. A cache set by the user is left as it is.
   if _CACHE_ENV in os.environ:
     return
-  path = tempfile.mkdtemp(prefix="fedpsa-jax-cache-")
+  kept = os.environ.get(_KEPT_ENV)
+  if kept:
+    path = os.path.abspath(kept)
+    os.makedirs(path, exist_ok=True)
+    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(_KEPT_CACHE_BYTES)
+  else:
+    path = tempfile.mkdtemp(prefix="fedpsa-jax-cache-")
   # The parsed embedded MNIST too: parsed once per session, read by every worker and subprocess after that,
   # and kept out of the user's own cache (~/.cache/fedpsa-jax).
   os.environ.setdefault("FEDPSA_JAX_CACHE", os.path.join(path, "data"))
-  os.environ.update({_CACHE_ENV: path, _OWNED: str(os.getpid()),
+  os.environ.update({_CACHE_ENV: path, **({} if kept else {_OWNED: str(os.getpid())}),
                      "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # the many small compiles count too
                      "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
   import jax  # in case JAX was imported before this hook: its config reads the environment only once
@@ -40,6 +51,8 @@ def pytest_configure(config: pytest.Config) -> None:
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  if kept:
+    jax.config.update("jax_compilation_cache_max_size", _KEPT_CACHE_BYTES)
 
 
 _E2E = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e") + os.sep
