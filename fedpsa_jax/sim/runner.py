@@ -273,7 +273,7 @@ class Simulation:
         "compiles": self.compiles.count, "client_payload_seconds": stats.payload_seconds if timed else None,
         "compile_seconds": self.compiles.seconds,
     }
-    identity = {"method": self.config.method, "dataset": self.config.data.name, "model": self.config.model.name,
+    identity = {"method": self.config.method, "dataset": self.parts.dataset.name, "model": self.config.model.name,
                 "seed": self.config.seed}
     return metrics.summarize(self.history, self.loop, identity, accounting,
                              target_accuracy=self.config.eval.target_accuracy,
