@@ -26,6 +26,7 @@ from helpers import ROOT, small_config
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "tensorflow_datasets")
 COLOUR = os.path.join(FIXTURES, "colour_digits", "1.0.0")
+strategies.load_all()  # so that the parametrisation below sees every registered strategy
 
 
 @pytest.fixture(autouse=True)
