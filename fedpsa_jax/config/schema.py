@@ -90,7 +90,7 @@ def base_config() -> ml_collections.ConfigDict:
   # synthetic (embedded). None when data.path names it.
   c.data.name = "mnist_5k"
   # Or the dataset by path (with data.name=None): the version folder of a prepared tfds dataset of any name
-  # (.../my_dataset/1.0.0), or an .npz with x_train, y_train, x_test, y_test (docs/data.md). Only says where the
+  # (.../my_dataset/1.0.0), or an .npz with x_train, y_train, x_test, y_test (docs/runs.md). Only says where the
   # data is (a run may continue from a moved copy); data.fingerprint says what it is.
   c.data.path = ml_collections.FieldReference(None, field_type=str)
   # The content fingerprint of data.path (fedpsa_jax/data/fingerprint.py). None: computed when the run starts and
