@@ -18,8 +18,8 @@ import ml_collections
 from fedpsa_jax import choices
 from fedpsa_jax.config.schema import INT64_MAX, MAX_DAYS, UNITS_PER_DAY, registered_strategies
 from fedpsa_jax.errors import ConfigError
-from fedpsa_jax.validation import (Validator, boolean, error, field_errors, get_field, integer, is_integer, number,
-                                   one_of, sequence_of)
+from fedpsa_jax.validation import (MISSING, Validator, boolean, error, field_errors, get_field, integer, is_integer,
+                                   number, one_of, sequence_of)
 
 _DATASET_NAME = Validator(lambda v: v is None or choices.is_dataset_name(v),
                           f"one of {', '.join(choices.DATASETS)}, any tfds dataset name (name[/config][:version], "
@@ -107,13 +107,15 @@ def _cross_field_errors(c: ml_collections.ConfigDict) -> list[str]:
 def _data_source_errors(c: ml_collections.ConfigDict) -> list[str]:
   """Exactly one of data.name and data.path; a path that is an .npz file or a prepared tfds version folder."""
   name, path = c.data.name, get_field(c, "data.path")
+  path = None if path is MISSING else path  # (a config of an older schema: data.name alone)
   if (name is None) == (path is None):
     both = "both set" if name is not None else "both None"
     return [f"data.name={name!r} and data.path={path!r} are {both}; allowed: exactly one of them (with data.path, "
             "set data.name=None)"]
   errors = []
-  if c.data.fingerprint is not None and path is None:
-    errors.append(error("data.fingerprint", c.data.fingerprint, "None without data.path (it fingerprints that file)"))
+  pinned = get_field(c, "data.fingerprint")
+  if pinned not in (None, MISSING) and path is None:
+    errors.append(error("data.fingerprint", pinned, "None without data.path (it fingerprints that file)"))
   if not isinstance(path, str) or not path:
     return errors  # (None, or reported by its row)
   folder_files = ("dataset_info.json", "features.json")

@@ -68,7 +68,7 @@ def resolved(data: Any) -> str | None:
 def pinned(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """`config` with `data.fingerprint` set to its data's (`resolved`): a copy when it has a `data.path` (`config`
   itself is unchanged), else `config`."""
-  if config.data.path is None:
+  if config.data.get("path") is None:
     return config
   out = copy.deepcopy(config)
   out.data.fingerprint = resolved(config.data)

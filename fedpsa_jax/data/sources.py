@@ -40,7 +40,7 @@ import os
 
 import numpy as np
 
-from fedpsa_jax.choices import DATASETS, EMBEDDED_DATASETS, TEST_SPLITS, is_dataset_name  # data.name, data.test_split
+from fedpsa_jax.choices import DATASETS, EMBEDDED_DATASETS, TEST_SPLITS, is_dataset_name
 from fedpsa_jax.data import cache, npz_reader, tfds_reader
 from fedpsa_jax.data.tfds_reader import DatasetNotFoundError  # (re-exported: the error callers catch)
 from fedpsa_jax.errors import DataError

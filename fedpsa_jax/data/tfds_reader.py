@@ -87,7 +87,8 @@ def _pick(features: Mapping[str, Any], kind: str, preferred: str, where: str) ->
     return found[0]
   if preferred in found:
     return preferred
-  what = f"no {kind} feature" if not found else f"several {kind} features ({', '.join(found)}) and none named {preferred!r}"
+  what = (f"no {kind} feature" if not found
+          else f"several {kind} features ({', '.join(found)}) and none named {preferred!r}")
   raise DataError(f"{where}: {what} among its features ({_describe(features)}); allowed: a dataset with one Image "
                   "feature of a fixed shape and one ClassLabel feature (or several, one of them named "
                   "'image' / 'label')")
@@ -164,7 +165,8 @@ def _cache_path(folder: str, name: str, split: str) -> str | None:
   return None if key is None else cache.cache_file("tfds", name, split, key)
 
 
-def _cached(path: str | None, expected: int | None, shape: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray] | None:
+def _cached(path: str | None, expected: int | None,
+            shape: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray] | None:
   """The cached arrays at `path`: `expected` records of images of `shape` (None: no entry can be trusted)."""
   if path is None or expected is None:
     return None

@@ -389,8 +389,8 @@ def test_an_npz_of_ones_own_arrays(tmp_path, mnist_arrays):
 
 
 def _bad(arrays: dict, **changes) -> dict:
-  out = {k: v for k, v in {**arrays, **changes}.items() if v is not None}
-  return out
+  """`arrays` with `changes` (a None removes the key)."""
+  return {k: v for k, v in {**arrays, **changes}.items() if v is not None}
 
 
 NPZ_DEFECTS = [  # (what is changed, the words the one line must hold)
@@ -425,7 +425,8 @@ def test_a_malformed_npz_is_one_line_naming_the_file_and_the_defect(tmp_path, mn
 def test_an_unreadable_npz_or_one_with_pickles_is_refused(tmp_path, content):
   path = str(tmp_path / "mine.npz")
   if content is None:  # an object array: loading it would run pickle
-    np.savez(path, x_train=np.array([{"a": 1}], dtype=object), y_train=np.zeros(1), x_test=np.zeros(1), y_test=np.zeros(1))
+    np.savez(path, x_train=np.array([{"a": 1}], dtype=object), y_train=np.zeros(1), x_test=np.zeros(1),
+             y_test=np.zeros(1))
   else:
     open(path, "wb").write(content)
   with pytest.raises(DataError, match=r"^data\.path=.*cannot be read as an \.npz of numeric arrays"):
