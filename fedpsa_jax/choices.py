@@ -9,7 +9,14 @@ strategy registry, which notebooks extend at run time.
 
 from __future__ import annotations
 
-DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100", "mnist_5k", "synthetic")  # data.name
+import re
+
+# data.name: the names with a meaning fixed in code (the paper's tfds datasets, with their normalisation
+# constants, and the embedded ones); any other tfds dataset name is accepted too (data/sources.py).
+DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100", "mnist_5k", "synthetic")
+EMBEDDED_DATASETS = ("mnist_5k", "synthetic")  # read without tfds; they have no official test split
+# Any other data.name is a tfds dataset: `name[/config][:version]`, tfds' own grammar (lower case).
+TFDS_NAME = re.compile(r"[a-z0-9_]+(/[a-z0-9_.\-]+)?(:\d+\.\d+\.\d+)?")
 TEST_SPLITS = ("holdout", "official")  # data.test_split
 PARTITIONERS = ("dirichlet_flgo", "dirichlet", "iid", "label_groups", "labels_per_client")  # partition.method
 MODELS = ("mnist_cnn", "linear", "cifar_cnn", "tiny_mlp", "aifed_cnn")  # model.name (models.MODELS)
@@ -20,3 +27,8 @@ LATENCY_DISTRIBUTIONS = ("uniform", "long_tail")  # sim.latency.distribution
 LATENCY_RESAMPLING = ("fixed", "per_dispatch")  # sim.latency.resample
 CALIBRATION_KINDS = ("gaussian", "real")  # fedpsa.calibration (data/calibration.py)
 FISHER_METHODS = ("auto", "factored", "per_sample")  # runtime.fisher
+
+
+def is_dataset_name(name: object) -> bool:
+  """Whether `name` can be a `data.name`: one of DATASETS or a tfds dataset name."""
+  return isinstance(name, str) and (name in DATASETS or TFDS_NAME.fullmatch(name) is not None)

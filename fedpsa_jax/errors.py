@@ -5,8 +5,8 @@ reader and the sweep and report tools, can raise and catch the same errors. `lau
 one line on stderr and its exit code (`fedpsa_jax.cli`), without a traceback:
 
 - `UserError` (exit 2): bad input found before any work, or a run directory that cannot be used as it is
-  (a config value, a flag, a config file, the workdir, missing data, a checkpoint this code must not or
-  cannot rebuild, a damaged output file). `ConfigError` is the common case.
+  (a config value, a flag, a config file, the workdir, missing or malformed data (`DataError`), a checkpoint
+  this code must not or cannot rebuild, a damaged output file). `ConfigError` is the common case.
 - `OutputWriteError` (exit 3): the run could not write one of its outputs (a full disk, a quota, a
   read-only file system); its state on disk stays resumable.
 - `Interrupted` (exit 128 + the signal: 130 for SIGINT, 143 for SIGTERM): a signal stopped the run.
@@ -28,6 +28,12 @@ class ConfigError(UserError, ValueError):
 
   A ValueError, so callers that catch ValueError (notebooks, older code) keep working. The message names
   the field or flag, the value, and what is allowed."""
+
+
+class DataError(UserError, ValueError):
+  """A dataset that cannot be used as it is: a file that cannot be read, a missing key or split, images of the
+  wrong shape or dtype, labels outside the classes. Found when the data is loaded, before any training; the
+  message names the file (or the dataset) and what is wrong."""
 
 
 class DamagedRunFile(UserError, ValueError):

@@ -29,6 +29,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from fedpsa_jax import choices
+from fedpsa_jax.errors import ConfigError
+from fedpsa_jax.validation import error
 
 # Images per convolution in `batch_chunked_conv` on CPU: what benchmarks/conv_weight_grad.py measured
 # fastest for the paper's convs (4 and 8 tie within a few %; 8 makes half as many ops to compile).
@@ -274,6 +276,28 @@ def has_convolution(apply_fn: Any, params: Any, x: jnp.ndarray) -> bool:
                or any(walk(sub) for sub in jax.extend.core.jaxprs_in_params(eqn.params)) for eqn in jaxpr.eqns)
 
   return walk(jax.make_jaxpr(apply_fn)(params, x).jaxpr)
+
+
+def fits(name: str, input_shape: tuple[int, ...], num_classes: int = 10) -> bool:
+  """Whether the model `name` takes images of `input_shape` (H, W, C): initialised abstractly (`jax.eval_shape`,
+  no arrays), every parameter is non-empty. Every model flattens what it needs, so any shape fits unless a
+  convolution or pooling is larger than what reaches it (CifarCNN's unpadded 5x5 convs need 16x16 or more)."""
+  x = jax.ShapeDtypeStruct((1, *input_shape), jnp.float32)
+  try:
+    shapes = jax.eval_shape(get_model(name, num_classes).init, jax.random.key(0), x)
+  except (ArithmeticError, TypeError, ValueError):  # (a 1/√fan_in bound with fan_in 0, a negative spatial size)
+    return False
+  return all(leaf.size > 0 for leaf in jax.tree.leaves(shapes))
+
+
+def check_fits(name: str, input_shape: tuple[int, ...], num_classes: int, data: str) -> None:
+  """ConfigError naming the models that fit, when the model `name` does not take `data`'s images (`fits`)."""
+  if fits(name, input_shape, num_classes):
+    return
+  shape = "x".join(str(d) for d in input_shape)
+  fitting = [other for other in MODELS if fits(other, input_shape, num_classes)]
+  raise ConfigError(error("model.name", name, f"a model that takes the {shape} images of {data}: "
+                          f"{', '.join(fitting) or 'none of ' + ', '.join(MODELS)}"))
 
 
 def get_model(name: str, num_classes: int, init: str = "torch") -> nn.Module:

@@ -18,9 +18,10 @@ from fedpsa_jax.config.schema import SHARED_SECTIONS
 # Fields that may differ between a run directory's config and the config that continues it, or that counts it
 # as a finished sweep member: `sim.virtual_days` may grow (to extend a finished run) but not fall below the
 # time of the checkpoint resumed from, and a sweep member is only done at its own budget (`sweep.is_done`);
-# `data.data_dir` only says where the same prepared data now lives; the checkpoint fields only how often the
-# run saves and how many saves it keeps.
-RESUMABLE_FIELDS = ("sim.virtual_days", "data.data_dir", "checkpoint.every_days", "checkpoint.keep")
+# `data.data_dir` and `data.path` only say where the same data now lives (what data.path holds is
+# `data.fingerprint`, which is part of the identity); the checkpoint fields only how often the run saves and how
+# many saves it keeps.
+RESUMABLE_FIELDS = ("sim.virtual_days", "data.data_dir", "data.path", "checkpoint.every_days", "checkpoint.keep")
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -43,8 +44,10 @@ def run_identity(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def identity_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
   """`'field: saved -> current'` (sorted; a field only one side has shows as <absent>) for every field of
-  `run_identity` that differs: empty when `current` may continue (or skip) the run `saved` describes. Two runs
-  of different methods show only the `method` line and the shared fields (their sections are not comparable)."""
+  `run_identity` that differs: empty when `current` may continue (or skip) the run `saved` describes. A field
+  one side lacks and the other leaves None is no difference: a field added since, unset, so runs written before
+  it still resume. Two runs of different methods show only the `method` line and the shared fields (their
+  sections are not comparable)."""
   a, b = run_identity(saved), run_identity(current)
   if saved.get("method") != current.get("method"):
     own = {saved.get("method"), current.get("method")}
@@ -52,6 +55,8 @@ def identity_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -
   out = []
   for key in sorted(set(a) | set(b)):
     va, vb = a.get(key, "<absent>"), b.get(key, "<absent>")
+    if (va, vb) in (("<absent>", None), (None, "<absent>")):
+      continue  # a field added since, unset (None: a new field's "off"), is the run an older version wrote
     if va != vb:
       out.append(f"{key}: {va!r} -> {vb!r}")
   return out

@@ -41,6 +41,7 @@ import ml_collections
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, run_identity
+from fedpsa_jax.data import fingerprint
 from fedpsa_jax.errors import ConfigError
 
 SWEEP_FILE = "sweep.json"
@@ -167,12 +168,13 @@ def read_sweep_json(sweep_dir: str) -> dict[str, Any]:
 def is_done(config_json: dict[str, Any], run_dir: str) -> bool:
   """Whether `run_dir` holds a completed run of this config (JSON form), so it can be skipped: the same
   run identity (`run_identity.identity_differences`: shared sections and the method's own section) and the same
-  budget. A completed run with a smaller `sim.virtual_days` is not done: `Simulation` extends it."""
+  budget. A completed run with a smaller `sim.virtual_days` is not done: `Simulation` extends it. With `data.path`,
+  the content must be the same too (`data.fingerprint`, computed here as the run computes it)."""
   summary, saved = io.read_summary(run_dir), io.read_config(run_dir)
   if not summary or summary.get("status") != "completed" or saved is None:
     return False
   same_budget = saved.get("sim", {}).get("virtual_days") == config_json["sim"]["virtual_days"]
-  return same_budget and not run_identity.identity_differences(saved, config_json)
+  return same_budget and not run_identity.identity_differences(saved, fingerprint.pinned_json(config_json))
 
 
 def enable_compilation_cache(path: str) -> bool:

@@ -19,7 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BAD = [
     ("method", "fedfoo"),
     ("seed", 1.5),
-    ("data.name", "imagenet"),
+    ("data.name", "Image Net"),  # (a tfds name is lower case: any such name passes here, tfds says if it exists)
+    ("data.fingerprint", "not hex"),
     ("data.test_split", "validation"),
     ("data.holdout_fraction", 0.0),
     ("data.holdout_fraction", 1.5),
@@ -92,6 +93,35 @@ def test_bad_value_is_rejected_naming_the_field(path, value):
     config_lib.validate(with_value(path, value))
   assert f"{path}=" in str(err.value)
   assert "allowed" in str(err.value)
+
+
+def _with_data(name, path, fingerprint=None):
+  c = config_lib.base_config()
+  config_lib.set_fields(c, {"data.name": name, "data.path": path, "data.fingerprint": fingerprint}, typed=False)
+  return c
+
+
+@pytest.mark.parametrize("name,path,fingerprint,expected", [
+    ("mnist_5k", "x.npz", None, "are both set; allowed: exactly one of them"),
+    (None, None, None, "are both None; allowed: exactly one of them"),
+    (None, "/nonexistent/data.npz", None, "data.path='/nonexistent/data.npz' is invalid; allowed: an existing .npz"),
+    (None, __file__, None, "is invalid; allowed: an existing .npz file or prepared tfds folder (a file, but not an"),
+    (None, os.path.dirname(__file__), None, "allowed: the version folder of a prepared tfds dataset"),
+    ("mnist_5k", None, "0123456789abcdef", "data.fingerprint='0123456789abcdef' is invalid; allowed: None without"),
+    (None, 5, None, "data.path=5 is invalid; allowed: a non-empty string, or None"),
+])
+def test_the_data_source_is_exactly_one_usable_name_or_path(name, path, fingerprint, expected):
+  with pytest.raises(config_lib.ConfigError) as err:
+    config_lib.validate(_with_data(name, path, fingerprint))
+  assert expected in str(err.value), str(err.value)
+
+
+def test_a_tfds_name_or_a_usable_path_passes(tmp_path):
+  fixture = os.path.join(ROOT, "tests", "fixtures", "tensorflow_datasets", "colour_digits", "1.0.0")
+  (tmp_path / "mine.npz").write_bytes(b"")  # (its content is the loader's to check)
+  for name, path in (("kmnist", None), ("emnist/digits", None), ("mnist:3.0.1", None), (None, fixture),
+                     (None, str(tmp_path / "mine.npz"))):
+    config_lib.validate(_with_data(name, path))
 
 
 @pytest.mark.parametrize("path,value,method", [

@@ -11,7 +11,8 @@ import numpy as np
 import jax.numpy as jnp
 import pytest
 
-from fedpsa_jax import sensitivity
+from fedpsa_jax import models, sensitivity
+from fedpsa_jax.errors import ConfigError
 from fedpsa_jax.models import get_model, has_convolution
 
 
@@ -149,3 +150,24 @@ def test_has_convolution_looks_inside_nested_calls():
   x = jnp.ones((1, 5, 5, 1))
   assert has_convolution(lambda p, x: jax.jit(conv_fn)(x) * p, 1.0, x)
   assert not has_convolution(lambda p, x: jax.jit(jnp.tanh)(x) * p, 1.0, x)
+
+
+@pytest.mark.parametrize("name,shape,fits", [
+    # CifarCNN: two unpadded 5x5 convs, each followed by a 2x2 pool: H -> floor((H - 4) / 2) -> floor((. - 4) / 2),
+    # which must stay >= 1: 16 -> 6 -> 1 fits, 15 -> 5 -> 0 does not (by hand).
+    ("cifar_cnn", (16, 16, 3), True), ("cifar_cnn", (15, 15, 3), False), ("cifar_cnn", (8, 8, 1), False),
+    ("cifar_cnn", (24, 28, 3), True),
+    # The SAME-padded CNNs keep the size through each conv and halve it (rounding down) at each of two pools:
+    # 4 -> 2 -> 1 fits, 3 -> 1 -> 0 does not.
+    ("mnist_cnn", (4, 4, 1), True), ("mnist_cnn", (3, 3, 1), False), ("aifed_cnn", (24, 28, 3), True),
+    ("linear", (1, 1, 1), True), ("tiny_mlp", (2, 3, 5), True),
+])
+def test_fits_follows_the_layer_arithmetic(name, shape, fits):
+  assert models.fits(name, shape) is fits
+
+
+def test_a_model_too_large_for_the_images_names_the_models_that_fit():
+  with pytest.raises(ConfigError) as err:
+    models.check_fits("cifar_cnn", (8, 8, 1), 10, "data.name='synthetic'")
+  assert str(err.value) == ("model.name='cifar_cnn' is invalid; allowed: a model that takes the 8x8x1 images of "
+                            "data.name='synthetic': mnist_cnn, linear, tiny_mlp, aifed_cnn")

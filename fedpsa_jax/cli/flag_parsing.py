@@ -62,6 +62,19 @@ def _overrides(argv: list[str]) -> list[tuple[str, str]]:
   return out
 
 
+def _set_nones(config: ml_collections.ConfigDict, argv: list[str]) -> None:
+  """`--config.<field>=None` unsets a text field, as `None` does in an `:arg` and in the notebook API
+  (ml_collections' parser reads it as the text 'None', which no text field allows): `data.name=None` with
+  `data.path`, `data.data_dir=None`."""
+  for field, arg in _overrides(argv):
+    if arg.endswith("=None") and get_field(config, field) == "None":
+      *parents, leaf = field.split(".")
+      node = config
+      for part in parents:
+        node = node[part]
+      node[leaf] = None
+
+
 def _fresh_config(spec: str) -> object:
   """What the config file's get_config returns, without the overrides (MISSING when it cannot be loaded).
   Loads the file once more, so only on an error path."""
@@ -148,6 +161,7 @@ def parse_flags(argv: list[str]) -> list[str]:
       getattr(config, "method")  # (ml_collections defers a file it could not open to the config's first use)
     if not isinstance(config, ml_collections.ConfigDict):
       raise errors.ConfigError(_not_a_config(spec, config))
+    _set_nones(config, argv)
     return rest
   except Exception as err:  # noqa: BLE001 — see the module docstring: all of it is bad input
     own = isinstance(err, errors.ConfigError) and str(err).startswith(("--config=", "--config."))

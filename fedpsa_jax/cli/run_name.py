@@ -15,6 +15,7 @@ import ml_collections
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, run_identity
+from fedpsa_jax.data import fingerprint
 
 RUNS_DIR = "runs"
 STAMP_FORMAT = "%Y%m%d-%H%M%S"
@@ -75,7 +76,7 @@ def resumable_workdir(config_path: str, config: ml_collections.ConfigDict) -> st
   config (`run_identity.identity_differences`: the same shared fields and method section); ConfigError when
   there is none."""
   wanted = RunName.of(config_path).stem
-  current = io.config_json(config)
+  current = fingerprint.pinned_json(io.config_json(config))  # (what a run of data.path records of its content)
   found: list[tuple[datetime.datetime, str]] = []
   for name in os.listdir(RUNS_DIR) if os.path.isdir(RUNS_DIR) else []:
     run_name = RunName.parse(name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from typing import Sequence
 
 import ml_collections
@@ -17,15 +18,24 @@ import ml_collections
 from fedpsa_jax import choices
 from fedpsa_jax.config.schema import INT64_MAX, MAX_DAYS, UNITS_PER_DAY, registered_strategies
 from fedpsa_jax.errors import ConfigError
-from fedpsa_jax.validation import (Validator, boolean, error, field_errors, integer, is_integer, number, one_of,
-                                   sequence_of)
+from fedpsa_jax.validation import (MISSING, Validator, boolean, error, field_errors, get_field, integer, is_integer,
+                                   number, one_of, sequence_of)
+
+_DATASET_NAME = Validator(lambda v: v is None or choices.is_dataset_name(v),
+                          f"one of {', '.join(choices.DATASETS)}, any tfds dataset name (name[/config][:version], "
+                          "e.g. kmnist, emnist/digits, svhn_cropped), or None with data.path")
+_OPTIONAL_TEXT = Validator(lambda v: v is None or (isinstance(v, str) and v != ""), "a non-empty string, or None")
+_FINGERPRINT = Validator(lambda v: v is None or (isinstance(v, str) and re.fullmatch(r"[0-9a-f]{16}", v) is not None),
+                         "16 hex digits (what a run with data.path records), or None")
 
 # Every shared field with what it allows. Fields that relate to another one are checked in
 # `_cross_field_errors`; the method's own section by its strategy's `validate_config`.
 FIELD_RULES: tuple[tuple[str, Validator], ...] = (
     ("seed", integer(ge=0, le=INT64_MAX, note="it seeds jax.random.key, an int64")),
     ("stop_on_nan", boolean),
-    ("data.name", one_of(choices.DATASETS)),
+    ("data.name", _DATASET_NAME),
+    ("data.path", _OPTIONAL_TEXT),
+    ("data.fingerprint", _FINGERPRINT),
     ("data.test_split", one_of(choices.TEST_SPLITS)),
     ("data.holdout_fraction", number(gt=0, lt=1)),
     ("data.client_test_fraction", number(ge=0, lt=1, note="0: no local test splits")),
@@ -71,8 +81,8 @@ FIELD_RULES: tuple[tuple[str, Validator], ...] = (
 
 def _cross_field_errors(c: ml_collections.ConfigDict) -> list[str]:
   """The checks that relate two fields (each reported once the fields themselves are valid)."""
-  errors = []
-  if c.data.test_split == "official" and c.data.name in ("mnist_5k", "synthetic"):
+  errors = _data_source_errors(c)
+  if c.data.test_split == "official" and c.data.name in choices.EMBEDDED_DATASETS:
     errors.append(error("data.test_split", c.data.test_split,
                         "holdout for the embedded datasets (they have no official test split)"))
   props, n = c.partition.group_proportions, c.partition.num_clients
@@ -91,6 +101,31 @@ def _cross_field_errors(c: ml_collections.ConfigDict) -> list[str]:
   if c.data.data_dir is not None and not os.path.isdir(c.data.data_dir):
     errors.append(f"data.data_dir={c.data.data_dir!r} is not a directory; allowed: an existing "
                   "directory holding prepared tfds datasets, or None for tfds' default")
+  return errors
+
+
+def _data_source_errors(c: ml_collections.ConfigDict) -> list[str]:
+  """Exactly one of data.name and data.path; a path that is an .npz file or a prepared tfds version folder."""
+  name, path = c.data.name, get_field(c, "data.path")
+  path = None if path is MISSING else path  # (a config of an older schema: data.name alone)
+  if (name is None) == (path is None):
+    both = "both set" if name is not None else "both None"
+    return [f"data.name={name!r} and data.path={path!r} are {both}; allowed: exactly one of them (with data.path, "
+            "set data.name=None)"]
+  errors = []
+  pinned = get_field(c, "data.fingerprint")
+  if pinned not in (None, MISSING) and path is None:
+    errors.append(error("data.fingerprint", pinned, "None without data.path (it fingerprints that file)"))
+  if not isinstance(path, str) or not path:
+    return errors  # (None, or reported by its row)
+  folder_files = ("dataset_info.json", "features.json")
+  if os.path.isdir(path):
+    if not all(os.path.isfile(os.path.join(path, f)) for f in folder_files):
+      errors.append(error("data.path", path, "the version folder of a prepared tfds dataset (holding "
+                          "dataset_info.json and features.json, e.g. .../my_dataset/1.0.0), or an .npz file"))
+  elif not os.path.isfile(path) or not path.endswith(".npz"):
+    what = "a file, but not an .npz" if os.path.isfile(path) else "not an existing file or folder"
+    errors.append(error("data.path", path, f"an existing .npz file or prepared tfds folder ({what})"))
   return errors
 
 
@@ -138,9 +173,11 @@ def data_errors(c: ml_collections.ConfigDict, sizes: DataSizes) -> list[str]:
   training or no test samples, a `label_groups` group with more clients than samples. Checked right after
   the data is loaded, before any other work."""
   errors = []
-  name, fraction, n = c.data.name, c.data.holdout_fraction, c.partition.num_clients
+  fraction, n = c.data.holdout_fraction, c.partition.num_clients
+  field = "data.name" if c.data.name is not None else "data.path"
+  value = get_field(c, field)
   holdout = c.data.test_split == "holdout"
-  where = (f"data.name={name!r} has {sizes.train} training and {sizes.test} test samples"
+  where = (f"{field}={value!r} has {sizes.train} training and {sizes.test} test samples"
            + (f" with data.holdout_fraction={fraction!r}" if holdout else ""))
   if sizes.train == 0 or sizes.test == 0:
     empty = "training" if sizes.train == 0 else "test"
@@ -148,7 +185,7 @@ def data_errors(c: ml_collections.ConfigDict, sizes: DataSizes) -> list[str]:
       errors.append(error("data.holdout_fraction", fraction, f"a number in (0, 1) that leaves {empty} samples "
                           f"({where})"))
     else:
-      errors.append(error("data.name", name, f"a dataset with {empty} samples ({where})"))
+      errors.append(error(field, value, f"a dataset with {empty} samples ({where})"))
     return errors
   if n > sizes.train:
     errors.append(error("partition.num_clients", n, f"an integer in [1, {sizes.train}] (at most one client "

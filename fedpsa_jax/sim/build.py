@@ -24,10 +24,11 @@ import numpy as np
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, local, metrics, seeding, strategies
 from fedpsa_jax.compiles import CompileCounter
+from fedpsa_jax.data import fingerprint
 from fedpsa_jax.data.federated import FederatedData, build_federated_data, split_client_test
 from fedpsa_jax.data.partition import partition_labels
 from fedpsa_jax.data.sources import Dataset, load_dataset
-from fedpsa_jax.models import get_model, has_convolution
+from fedpsa_jax.models import check_fits, get_model, has_convolution
 from fedpsa_jax.sim.executor import ClientExecutor, make_executor, resolve_execution
 from fedpsa_jax.sim.latency import LatencyModel
 from fedpsa_jax.sim.scheduler import Scheduler
@@ -56,8 +57,9 @@ class Claim:
 def prepare(config: ml_collections.ConfigDict, workdir: str | None) -> tuple[ml_collections.ConfigDict, Claim | None]:
   """The validated config and, with a workdir, the claim on it: ConfigError (before any building) for a bad
   config, a workdir that cannot be written or holds another config's run (`io.check_workdir`), or one that
-  another run holds (its lock, taken here and nowhere else, before anything in it is read or written)."""
-  config = config_lib.validate(config)
+  another run holds (its lock, taken here and nowhere else, before anything in it is read or written). A config
+  with `data.path` comes back with its content's `data.fingerprint` (part of the run's identity)."""
+  config = fingerprint.pinned(config_lib.validate(config))
   if not workdir:
     return config, None
   created = io.check_workdir(workdir, config)
@@ -69,7 +71,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None) -> tuple[ml_
 def build_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedData]:
   """The dataset and its federation: load, check the config against the data's sizes
   (`config.validate_data`: ConfigError), partition among the clients, optional local test splits."""
-  dataset = load_dataset(config.data.name, test_split=config.data.test_split,
+  dataset = load_dataset(config.data.name, path=config.data.path, test_split=config.data.test_split,
                          holdout_fraction=config.data.holdout_fraction,
                          rng=seeding.host_rng(config.seed, "data"), data_dir=config.data.data_dir)
   # What only the data can tell (more clients than samples, ...): bad input, found before any other work.
@@ -127,6 +129,8 @@ def build_run(config: ml_collections.ConfigDict, compiles: CompileCounter | None
               data: tuple[Dataset, FederatedData] | None = None) -> Run:
   """Builds the run of a validated `config` (`data`: its `build_data`, if already loaded)."""
   dataset, fed = data if data is not None else build_data(config)
+  source = f"data.name={config.data.name!r}" if config.data.name is not None else f"data.path={config.data.path!r}"
+  check_fits(config.model.name, dataset.input_shape, dataset.num_classes, source)  # (ConfigError: before any work)
   model = get_model(config.model.name, dataset.num_classes, config.model.init)
   init_x = jnp.zeros((1, *dataset.input_shape), jnp.float32)
   # Jitted: one compile for the whole init instead of one per initializer and shape (same values).

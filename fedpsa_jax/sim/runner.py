@@ -274,7 +274,7 @@ class Simulation:
         "compiles": self.compiles.count, "client_payload_seconds": stats.payload_seconds if timed else None,
         "compile_seconds": self.compiles.seconds,
     }
-    identity = {"method": self.config.method, "dataset": self.config.data.name, "model": self.config.model.name,
+    identity = {"method": self.config.method, "dataset": self.parts.dataset.name, "model": self.config.model.name,
                 "seed": self.config.seed}
     if self._provenance is None:
       self._provenance = provenance.of_run(self.parts.dataset)

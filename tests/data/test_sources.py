@@ -13,6 +13,7 @@ its pixels are integers 0..255 with ~19% of them non-zero.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -20,7 +21,8 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from fedpsa_jax.data import cache, sources
+from fedpsa_jax.data import cache, sources, tfds_reader
+from fedpsa_jax.errors import DataError, UserError
 from fedpsa_jax.sim import runner
 from helpers import ROOT, small_config
 from numerics import assert_close, f32_tolerance
@@ -197,8 +199,10 @@ def test_synthetic_is_deterministic_and_learnable():
 
 def test_bad_dataset_arguments_name_the_field():
   rng = np.random.default_rng(0)
-  with pytest.raises(ValueError, match=r"data\.name.*mnist_5k"):
-    sources.load_dataset("imagenet", rng=rng)
+  with pytest.raises(ValueError, match=r"data\.name.*mnist_5k.*tfds dataset name"):
+    sources.load_dataset("Image Net", rng=rng)
+  with pytest.raises(ValueError, match=r"exactly one of data\.name and data\.path"):
+    sources.load_dataset("mnist", path="x.npz", rng=rng)
   with pytest.raises(ValueError, match=r"data\.test_split.*holdout"):
     sources.load_dataset("synthetic", test_split="val", rng=rng)
   for fraction in (0.0, 1.0, -0.1, 2):
@@ -224,8 +228,9 @@ def data_dir(tmp_path, monkeypatch):
 def _decodes(monkeypatch) -> list:
   """Counts the record-by-record decodes (the slow path the cache saves)."""
   calls = []
-  decode = sources._decode
-  monkeypatch.setattr(sources, "_decode", lambda source: (calls.append(len(source)), decode(source))[1])
+  decode = tfds_reader._decode
+  monkeypatch.setattr(tfds_reader, "_decode", lambda source, layout: (calls.append(len(source)),
+                                                                      decode(source, layout))[1])
   return calls
 
 
@@ -291,3 +296,190 @@ def test_a_short_run_on_a_tfds_folder(data_dir, tmp_path):
   summary = runner.Simulation(config, str(tmp_path / "run")).run()
   assert summary["status"] == "completed" and summary["dataset"] == "mnist"
   assert summary["client_updates"] > 5 and summary["rounds"] > 2
+
+
+# --- any tfds dataset, by name or by folder; one's own .npz ---------------------------------------------
+# COLOUR is a dataset tfds does not know by name (tests/fixtures/make_tfds_fixture.py --recolour): MNIST's first
+# 160 training and 40 test records cropped to 24x28 and made RGB (R = p, G = 255 - p, B = p // 2) under the
+# feature names `picture` and `digit`, beside an int `source_index` that must be ignored.
+COLOUR = os.path.join(FIXTURE, "colour_digits", "1.0.0")
+
+
+def _raw_records(folder: str, split: str, image: str, label: str) -> tuple[np.ndarray, np.ndarray]:
+  """A split's records decoded by tfds itself, independently of `sources`."""
+  ds = tfds.builder_from_directory(folder).as_data_source(split=split)
+  return np.stack([ds[i][image] for i in range(len(ds))]), np.array([ds[i][label] for i in range(len(ds))])
+
+
+def _standardised(x: np.ndarray, train: np.ndarray) -> np.ndarray:
+  """(x / 255 - mean) / std with each channel's float64 mean and population std over `train` (NumPy's own)."""
+  reference = train.astype(np.float64) / 255
+  return (x / 255 - reference.mean(axis=(0, 1, 2))) / reference.std(axis=(0, 1, 2))
+
+
+@pytest.fixture
+def colour(tmp_path, monkeypatch):
+  """A private copy of the colour_digits folder (its files' times key the decode cache) and an empty cache."""
+  monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
+  copy = tmp_path / "tfds" / "colour_digits" / "1.0.0"
+  shutil.copytree(COLOUR, copy)
+  return str(copy)
+
+
+def test_a_folder_tfds_does_not_know_reads_by_its_path_with_its_own_feature_names(colour):
+  data = sources.load_dataset(path=colour, test_split="official", rng=np.random.default_rng(0))
+  raw_x, raw_y = _raw_records(colour, "train", "picture", "digit")
+  raw_xt, raw_yt = _raw_records(colour, "test", "picture", "digit")
+  assert data.name == "colour_digits" and data.num_classes == 10 and data.input_shape == (24, 28, 3)
+  assert data.y_train[:10].tolist() == FIRST_TRAIN_LABELS and data.y_test[:10].tolist() == FIRST_TEST_LABELS
+  np.testing.assert_array_equal(data.y_train, raw_y)
+  np.testing.assert_array_equal(data.y_test, raw_yt)
+  assert (raw_x[..., 1].astype(int) == 255 - raw_x[..., 0]).all()  # the fixture is what its maker says
+  # Not a paper dataset: each channel standardised with the training split's own statistics (float32 rounding).
+  assert_close(data.x_train, _standardised(raw_x, raw_x), f32_tolerance(1, depth=3))
+  assert_close(data.x_test, _standardised(raw_xt, raw_x), f32_tolerance(1, depth=3))
+
+
+def test_a_tfds_name_reads_any_prepared_dataset_under_data_dir_the_same_as_its_folder(colour):
+  data_dir = os.path.dirname(os.path.dirname(colour))
+  by_path = sources.load_dataset(path=colour, test_split="official", rng=np.random.default_rng(0))
+  for name in ("colour_digits", "colour_digits:1.0.0"):
+    by_name = sources.load_dataset(name, test_split="official", rng=np.random.default_rng(0), data_dir=data_dir)
+    for field in ("x_train", "y_train", "x_test", "y_test"):
+      np.testing.assert_array_equal(getattr(by_name, field), getattr(by_path, field))
+
+
+def test_holdout_statistics_come_from_the_training_part_only(colour):
+  data = sources.load_dataset(path=colour, rng=np.random.default_rng(0))
+  assert len(data.y_train) + len(data.y_test) == 200
+  train = data.x_train.astype(np.float64)
+  np.testing.assert_allclose(train.mean(axis=(0, 1, 2)), np.zeros(3), atol=1e-5)  # (float32 rounding)
+  np.testing.assert_allclose(train.std(axis=(0, 1, 2)), np.ones(3), rtol=1e-5)
+  assert np.abs(data.x_test.astype(np.float64).mean(axis=(0, 1, 2))).max() > 1e-3  # the test part was not used
+
+
+def _mnist_arrays() -> dict[str, np.ndarray]:
+  """The MNIST fixture's images (N x 28 x 28, uint8) and labels, as a user would save them."""
+  x, y = _raw_records(os.path.join(FIXTURE, "mnist", "3.0.1"), "train", "image", "label")
+  xt, yt = _raw_records(os.path.join(FIXTURE, "mnist", "3.0.1"), "test", "image", "label")
+  return {"x_train": x[..., 0], "y_train": y, "x_test": xt[..., 0], "y_test": yt}
+
+
+@pytest.fixture(scope="module")
+def mnist_arrays():
+  return _mnist_arrays()
+
+
+def test_an_npz_of_ones_own_arrays(tmp_path, mnist_arrays):
+  path = str(tmp_path / "digits.npz")
+  np.savez(path, **mnist_arrays)
+  data = sources.load_dataset(path=path, test_split="official", rng=np.random.default_rng(0))
+  assert data.name == "digits" and data.input_shape == (28, 28, 1) and data.num_classes == 10
+  np.testing.assert_array_equal(data.y_train, mnist_arrays["y_train"])
+  x = mnist_arrays["x_train"][..., None]
+  assert_close(data.x_train, _standardised(x, x), f32_tolerance(1, depth=3))
+  # Float images (N x H x W x C), labels as N x 1 and a num_classes beyond the largest label.
+  floats = {**mnist_arrays, "x_train": x.astype(np.float64) / 255, "x_test": mnist_arrays["x_test"][..., None] / 255.0,
+            "y_train": mnist_arrays["y_train"][:, None].astype(np.uint8), "num_classes": np.int64(12)}
+  np.savez_compressed(path, **floats)
+  data = sources.load_dataset(path=path, test_split="official", rng=np.random.default_rng(0))
+  assert data.num_classes == 12 and data.y_train.dtype == np.int32
+  np.testing.assert_array_equal(data.y_train, mnist_arrays["y_train"])
+  assert_close(data.x_train, _standardised(x, x), f32_tolerance(1, depth=3))  # the same, up to float rounding
+
+
+def _bad(arrays: dict, **changes) -> dict:
+  """`arrays` with `changes` (a None removes the key)."""
+  return {k: v for k, v in {**arrays, **changes}.items() if v is not None}
+
+
+NPZ_DEFECTS = [  # (what is changed, the words the one line must hold)
+    (dict(y_test=None), "has no y_test"),
+    (dict(extra=np.zeros(3)), "holds 'extra', which this reader does not know"),
+    (dict(x_train=np.zeros((300, 784), np.uint8)), "x_train has shape (300, 784); allowed: at least one image"),
+    (dict(x_train=np.zeros((0, 28, 28), np.uint8)), "x_train has shape (0, 28, 28)"),
+    (dict(x_train=np.zeros((300, 28, 28), np.int64)), "x_train has dtype int64; allowed: uint8"),
+    (dict(x_test=np.zeros((100, 28, 28), np.float32)), "x_train holds 28x28x1 uint8 images but x_test 28x28x1 float32"),
+    (dict(x_test=np.zeros((100, 32, 32, 3), np.uint8)), "x_train holds 28x28x1 uint8 images but x_test 32x32x3 uint8"),
+    (dict(x_train=np.full((300, 28, 28), np.nan)), "x_train holds NaN or infinite values"),
+    (dict(y_train=np.zeros(300, np.float32)), "y_train has dtype float32; allowed: integer labels"),
+    (dict(y_train=np.zeros(299, np.int64)), "y_train has shape (299,) for 300 images in x_train"),
+    (dict(y_test=np.full(100, -1)), "y_test holds the label -1, outside the classes [0, 10)"),
+    (dict(num_classes=np.int64(5)), "y_train holds the label 5, outside the classes [0, 5)"),
+    (dict(num_classes=np.float32(10)), "num_classes is"),
+]
+
+
+@pytest.mark.parametrize("changes,words", NPZ_DEFECTS, ids=[w.split(";")[0][:40] for _, w in NPZ_DEFECTS])
+def test_a_malformed_npz_is_one_line_naming_the_file_and_the_defect(tmp_path, mnist_arrays, changes, words):
+  path = str(tmp_path / "mine.npz")
+  np.savez(path, **_bad(mnist_arrays, **changes))
+  with pytest.raises(DataError) as err:
+    sources.load_dataset(path=path, rng=np.random.default_rng(0))
+  message = str(err.value)
+  assert isinstance(err.value, UserError) and "\n" not in message
+  assert message.startswith(f"data.path={path!r}") and words in message, message
+
+
+@pytest.mark.parametrize("content", [b"not a zip file", None])
+def test_an_unreadable_npz_or_one_with_pickles_is_refused(tmp_path, content):
+  path = str(tmp_path / "mine.npz")
+  if content is None:  # an object array: loading it would run pickle
+    np.savez(path, x_train=np.array([{"a": 1}], dtype=object), y_train=np.zeros(1), x_test=np.zeros(1),
+             y_test=np.zeros(1))
+  else:
+    open(path, "wb").write(content)
+  with pytest.raises(DataError, match=r"^data\.path=.*cannot be read as an \.npz of numeric arrays"):
+    sources.load_dataset(path=path, rng=np.random.default_rng(0))
+
+
+def _edit_json(folder: str, name: str, edit) -> None:
+  path = os.path.join(folder, name)
+  with open(path) as f:
+    spec = json.load(f)
+  edit(spec)
+  with open(path, "w") as f:
+    json.dump(spec, f)
+
+
+def _features(spec: dict) -> dict:
+  return spec["featuresDict"]["features"]
+
+
+TFDS_DEFECTS = [  # (file, edit, words)
+    ("features.json", lambda s: _features(s).pop("picture"), "no Image feature among its features (digit (ClassLabel)"),
+    ("features.json", lambda s: _features(s).update(parity=_features(s)["digit"]),
+     "several ClassLabel features (digit, parity) and none named 'label'"),
+    ("features.json", lambda s: _features(s)["picture"]["image"]["shape"].update(dimensions=["-1", "-1", "3"]),
+     "its images ('picture') have no fixed shape ((None, None, 3))"),
+    ("features.json", lambda s: _features(s)["picture"]["image"].update(dtype="uint16"),
+     "its images ('picture') are uint16; allowed: uint8 images"),
+    ("features.json", lambda s: _features(s)["digit"]["classLabel"].update(numClasses="5"),
+     "its train split holds the label 5, outside its 5 classes [0, 5)"),
+    ("dataset_info.json", lambda s: s["splits"][0].update(name="training"),
+     "it has no 'train' split (splits: training, test)"),
+    ("dataset_info.json", lambda s: s.pop("fileFormat"), "prepared in the tfrecord format"),
+]
+
+
+@pytest.mark.parametrize("name,edit,words", TFDS_DEFECTS, ids=[w[:40] for *_, w in TFDS_DEFECTS])
+def test_a_tfds_folder_that_cannot_be_used_is_one_line_naming_it(colour, name, edit, words):
+  _edit_json(colour, name, edit)
+  with pytest.raises(DataError) as err:
+    sources.load_dataset(path=colour, rng=np.random.default_rng(0))
+  message = str(err.value)
+  assert message.startswith(f"data.path={colour!r}") and words in message and "\n" not in message, message
+
+
+def test_a_missing_test_split_allows_only_the_holdout(colour):
+  _edit_json(colour, "dataset_info.json", lambda s: s.update(splits=s["splits"][:1]))
+  os.remove(os.path.join(colour, "colour_digits-test.array_record-00000-of-00001"))
+  with pytest.raises(DataError, match=r"has no 'test' split \(splits: train\); allowed: data.test_split='holdout'"):
+    sources.load_dataset(path=colour, test_split="official", rng=np.random.default_rng(0))
+  data = sources.load_dataset(path=colour, rng=np.random.default_rng(0))  # the holdout from the train split alone
+  assert len(data.y_train) + len(data.y_test) == 160
+
+
+def test_an_unknown_tfds_name_says_so(tmp_path):
+  with pytest.raises(sources.DatasetNotFoundError, match=r"data\.name='no_such_dataset': .*tfds knows no dataset"):
+    sources.load_dataset("no_such_dataset", rng=np.random.default_rng(0), data_dir=str(tmp_path))

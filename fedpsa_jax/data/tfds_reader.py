@@ -1,0 +1,283 @@
+"""Image-classification datasets prepared by TensorFlow Datasets in the ArrayRecord format, by name or by folder.
+
+A prepared dataset is a version folder, `<data_dir>/<name>[/<config>]/<version>/`, holding dataset_info.json
+(its splits and their lengths), features.json (its feature spec) and the records. Any dataset whose spec has an
+`Image` feature of one fixed shape (uint8) and a `ClassLabel` feature can be read; which features those are is
+read from the spec (`Layout`): the only one of its kind, else the one named `image` / `label`. Other features
+are ignored.
+
+A split is read with `tfds.builder_from_directory(folder).as_data_source(split)` when the folder is known, else
+`tfds.data_source(name, ...)` (tfds finds it, or says nothing is there). Both read ArrayRecord without
+TensorFlow; nothing is ever downloaded. Records are decoded one by one (`ds[i]`: the batched `__getitems__` is
+broken under `tfds.testing.mock_data` in tfds 4.9.10, and decoding, not I/O, dominates anyway) into uint8
+images and int32 labels, kept in the decode cache (`data/cache.py`). A split decoded before is served from the
+cache without importing tfds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+from fedpsa_jax.data import cache
+from fedpsa_jax.errors import DataError
+
+IMAGE_FEATURE = "Image"  # the last component of the spec's pythonClassName
+LABEL_FEATURE = "ClassLabel"
+
+
+class DatasetNotFoundError(DataError):
+  """A tfds dataset is not prepared (in a randomly accessible format) where tfds looked."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """What a prepared dataset's spec says: its image and label features and its splits."""
+
+  image: str  # the image feature's name
+  label: str  # the label feature's name
+  shape: tuple[int, int, int]  # (H, W, C) of every image
+  num_classes: int
+  splits: tuple[str, ...]  # the prepared splits; () when unknown (tfds.testing.mock_data declares none)
+
+
+def default_data_dir() -> str:
+  """Where tfds looks for prepared datasets when `data.data_dir` is None: `$TFDS_DATA_DIR` or ~/tensorflow_datasets
+  (tfds' own rule, restated so that a prepared folder is found without importing tfds)."""
+  return os.environ.get("TFDS_DATA_DIR") or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
+
+
+def _version_key(version: str) -> tuple:
+  parts = version.split(".")
+  return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else ()
+
+
+def version_folder(name: str, data_dir: str | None) -> str | None:
+  """The prepared version folder of `name` (`name[/config][:version]`) under the tfds data dir, found without
+  importing tfds: the version the name gives, else the highest one prepared; None when there is none."""
+  base, _, version = name.partition(":")
+  root = os.path.join(data_dir or default_data_dir(), base)
+  try:
+    versions = [entry.name for entry in os.scandir(root) if entry.is_dir()
+                and os.path.isfile(os.path.join(entry.path, "dataset_info.json")) and _version_key(entry.name)]
+  except OSError:
+    return None
+  if version:
+    return os.path.join(root, version) if version in versions else None
+  return os.path.join(root, max(versions, key=_version_key)) if versions else None
+
+
+def is_prepared_folder(path: str) -> bool:
+  """Whether `path` looks like a prepared tfds version folder (it holds dataset_info.json and features.json)."""
+  return all(os.path.isfile(os.path.join(path, f)) for f in ("dataset_info.json", "features.json"))
+
+
+def _describe(features: Mapping[str, Any]) -> str:
+  return ", ".join(f"{key} ({spec.get('pythonClassName', '?').rsplit('.', 1)[-1]})" for key, spec in features.items())
+
+
+def _pick(features: Mapping[str, Any], kind: str, preferred: str, where: str) -> str:
+  """The one feature of `kind`, else the one of them named `preferred`."""
+  found = [key for key, spec in features.items() if spec.get("pythonClassName", "").rsplit(".", 1)[-1] == kind]
+  if len(found) == 1:
+    return found[0]
+  if preferred in found:
+    return preferred
+  what = (f"no {kind} feature" if not found
+          else f"several {kind} features ({', '.join(found)}) and none named {preferred!r}")
+  raise DataError(f"{where}: {what} among its features ({_describe(features)}); allowed: a dataset with one Image "
+                  "feature of a fixed shape and one ClassLabel feature (or several, one of them named "
+                  "'image' / 'label')")
+
+
+def layout_of(spec: Mapping[str, Any], splits: tuple[str, ...], where: str) -> Layout:
+  """The `Layout` of a feature spec in features.json's form (a FeaturesDict as JSON); DataError, naming `where`,
+  when it has no usable image or label."""
+  features = spec.get("featuresDict", {}).get("features")
+  if not isinstance(features, Mapping):
+    raise DataError(f"{where}: its features.json holds no feature dictionary; allowed: a dataset with one Image "
+                    "feature and one ClassLabel feature")
+  image, label = _pick(features, IMAGE_FEATURE, "image", where), _pick(features, LABEL_FEATURE, "label", where)
+  image_spec = features[image].get("image", {})
+  shape = tuple(int(d) for d in image_spec.get("shape", {}).get("dimensions", []))
+  if len(shape) != 3 or min(shape) < 1:
+    shown = tuple(None if d < 1 else d for d in shape)
+    raise DataError(f"{where}: its images ({image!r}) have no fixed shape ({shown}); allowed: images of one fixed "
+                    "H x W x C shape (resize them, e.g. into an .npz for data.path)")
+  if image_spec.get("dtype", "uint8") != "uint8":
+    raise DataError(f"{where}: its images ({image!r}) are {image_spec['dtype']}; allowed: uint8 images (or an .npz "
+                    "for data.path, which takes float images)")
+  num_classes = int(features[label].get("classLabel", {}).get("numClasses", 0))
+  if num_classes < 1:
+    raise DataError(f"{where}: its label {label!r} declares no classes; allowed: a ClassLabel with num_classes >= 1")
+  return Layout(image, label, shape, num_classes, splits)
+
+
+def read_layout(folder: str, where: str) -> Layout:
+  """The `Layout` of a prepared version folder, from its features.json and dataset_info.json (no tfds import)."""
+  try:
+    with open(os.path.join(folder, "features.json")) as f:
+      spec = json.load(f)
+    with open(os.path.join(folder, "dataset_info.json")) as f:
+      info = json.load(f)
+    splits = tuple(s["name"] for s in info["splits"])
+  except (OSError, ValueError, KeyError, TypeError) as err:
+    raise DataError(f"{where}: its features.json or dataset_info.json cannot be read ({err}); allowed: the version "
+                    "folder of a dataset prepared by tfds") from None
+  file_format = info.get("fileFormat", "tfrecord")  # (tfds leaves its default unsaid)
+  if file_format != "array_record":
+    raise DatasetNotFoundError(
+        f"{where}: it is prepared in the {file_format} format, which cannot be read without TensorFlow; allowed: "
+        f"the array_record format (convert it with TensorFlow installed: tfds convert_format "
+        f"--dataset_version_dir={folder} --out_file_format=array_record)")
+  if "train" not in splits:
+    raise DataError(f"{where}: it has no 'train' split (splits: {', '.join(splits) or 'none'}); allowed: a dataset "
+                    "with a 'train' split (and a 'test' split for data.test_split='official')")
+  return layout_of(spec, splits, where)
+
+
+def dataset_name(folder: str) -> str:
+  """The name dataset_info.json gives the dataset in `folder` (the folder's parent's name if it gives none)."""
+  try:
+    with open(os.path.join(folder, "dataset_info.json")) as f:
+      return str(json.load(f)["name"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return os.path.basename(os.path.dirname(os.path.normpath(folder)))
+
+
+def _split_length(folder: str, split: str) -> int | None:
+  """The number of records of `split` that the folder's dataset_info.json declares (None: unreadable)."""
+  try:
+    with open(os.path.join(folder, "dataset_info.json")) as f:
+      splits = {s["name"]: s for s in json.load(f)["splits"]}
+    return sum(int(n) for n in splits[split]["shardLengths"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
+def _cache_path(folder: str, name: str, split: str) -> str | None:
+  """The decode cache's file for the split prepared in `folder` (None: the folder holds no such split)."""
+  key = cache.split_fingerprint(folder, split)
+  return None if key is None else cache.cache_file("tfds", name, split, key)
+
+
+def _cached(path: str | None, expected: int | None,
+            shape: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray] | None:
+  """The cached arrays at `path`: `expected` records of images of `shape` (None: no entry can be trusted)."""
+  if path is None or expected is None:
+    return None
+  return cache.read_arrays(path, lambda x, y: x.ndim == 4 and len(y) == expected
+                           and (shape is None or x.shape[1:] == shape))
+
+
+def read_split(name: str, split: str, data_dir: str | None, folder: str | None,
+               layout: Layout | None) -> tuple[np.ndarray, np.ndarray, Layout]:
+  """One split as (uint8 NHWC images, int32 labels, the dataset's Layout), read-only: from the decode cache when
+  this prepared split was decoded before on this machine, else decoded record by record and cached.
+
+  `folder` is the dataset's version folder (its `layout` already read), or None for tfds to find `name` under
+  `data_dir` (the layout is then read from what tfds opened)."""
+  if folder is not None:
+    cached = _cached(_cache_path(folder, name, split), _split_length(folder, split), layout.shape)
+    if cached is None:
+      source = _open_folder_split(folder, split)
+      cached = _decode(source, layout)
+      _store(_cache_path(folder, name, split), cached)
+  else:
+    source = _open_named_split(name, split, data_dir)
+    layout = _layout_of_source(source, name)
+    path = _cache_path(str(source.dataset_info.data_dir), name, split)
+    cached = _cached(path, len(source), layout.shape)
+    if cached is None:
+      cached = _decode(source, layout)
+      _store(path, cached)
+  for array in cached:
+    array.flags.writeable = False
+  return cached[0], cached[1], layout
+
+
+def _store(path: str | None, arrays: tuple[np.ndarray, np.ndarray]) -> None:
+  if path is not None:
+    cache.write_arrays(path, *arrays)
+
+
+def _layout_of_source(source, name: str) -> Layout:
+  """The `Layout` of a split tfds opened by name (its features as features.json would hold them)."""
+  from google.protobuf import json_format  # (a tfds dependency)
+
+  info = source.dataset_info
+  spec = json_format.MessageToDict(info.features.to_proto())
+  return layout_of(spec, tuple(info.splits), f"tfds dataset {name!r}")
+
+
+def _open_folder_split(folder: str, split: str):
+  """tfds' random-access source of one split of a prepared version folder."""
+  import tensorflow_datasets as tfds  # Imported here: slow to import and unneeded by other sources.
+
+  return tfds.builder_from_directory(folder).as_data_source(split=split)
+
+
+def _open_named_split(name: str, split: str, data_dir: str | None):
+  """tfds' random-access source of one prepared split of `name`; DatasetNotFoundError saying how to prepare it."""
+  import tensorflow_datasets as tfds
+
+  try:
+    source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+  except (KeyError, NotImplementedError, tfds.core.registered.DatasetNotFoundError) as err:
+    # What tfds 4.9 raises offline when nothing usable is on disk: KeyError ("splits is empty") when
+    # data_dir is None; NotImplementedError ("file format TFRECORD is not supported") when data_dir is
+    # given but empty, or when the dataset was prepared as TFRecord, which needs TensorFlow to read;
+    # DatasetNotFoundError for a name tfds does not know with nothing prepared under it.
+    raise DatasetNotFoundError(not_found_message(name, data_dir)) from err
+  if len(source) == 0:
+    raise DatasetNotFoundError(f"tfds dataset {name!r} split {split!r} is empty under data.data_dir={data_dir!r}")
+  return source
+
+
+def _decode(source, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
+  """Every record of a tfds source, decoded one by one: the layout's image and label features."""
+  n = len(source)
+  images = np.empty((n, *layout.shape), dtype=np.uint8)
+  labels = np.empty(n, dtype=np.int32)
+  for i in range(n):
+    record = source[i]
+    images[i] = record[layout.image]
+    labels[i] = record[layout.label]
+  return images, labels
+
+
+def not_found_message(name: str, data_dir: str | None) -> str:
+  """Where tfds looked for `name` and how to put a readable copy there."""
+  import tensorflow_datasets as tfds
+
+  base = name.partition(":")[0]
+  known = True
+  try:
+    looked = str(tfds.builder(name, data_dir=data_dir).data_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    known, looked = False, os.path.join(data_dir or default_data_dir(), base)
+  except Exception:  # The message must not fail; fall back to the root directory.
+    looked = os.path.join(data_dir or default_data_dir(), base)
+  root = data_dir or default_data_dir()
+  where = f"data.data_dir={data_dir!r}" if data_dir else "the tfds default data dir"
+  if not known:
+    return (f"data.name={name!r}: no dataset of that name is prepared in {looked} ({where}), and tfds knows no "
+            f"dataset of that name; allowed: a name from the tfds catalog (tensorflow.org/datasets/catalog) "
+            f"prepared in array_record under {root}, or data.path=FOLDER for a prepared dataset of any name")
+  tfrecord = os.path.exists(os.path.join(looked, "dataset_info.json"))
+  reason = ("is prepared there in the TFRecord format, which cannot be read without TensorFlow"
+            if tfrecord else "is not prepared there")
+  return (
+      f"tfds dataset {name!r} {reason}: looked in {looked} ({where}, root {root}).\n"
+      f"This code never downloads. To get it, on a machine with internet run\n"
+      f"  pip install tensorflow tensorflow-datasets\n"
+      f"  python -c \"import tensorflow_datasets as tfds; tfds.builder('{name}', data_dir='DIR')"
+      f".download_and_prepare(file_format='array_record')\"\n"
+      f"then copy the prepared DIR/{base} folder to {root} here, or anywhere and pass "
+      f"--config.data.data_dir=THAT_DIR. A copy already prepared as TFRecord (the tfds default) can "
+      f"be converted with TensorFlow installed:\n"
+      f"  tfds convert_format --dataset_version_dir={looked} --out_file_format=array_record")
