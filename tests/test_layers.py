@@ -20,7 +20,7 @@ LAYERS = (
     ("foundations", ("errors", "signals", "choices", "validation", "seeding", "tree_util", "compiles", "memory")),
     ("configuration", ("config",)),
     ("numerics and storage", ("data", "models", "local", "fisher", "sensitivity", "metrics", "checkpoint", "io",
-                              "run_identity")),
+                              "run_identity", "tensorboard")),
     ("algorithms", ("strategies",)),
     ("simulator", ("sim",)),
     ("tools on top", ("api", "sweep", "paper", "report_lib", "figures", "report", "profiling", "profilers", "cli",
