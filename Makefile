@@ -1,17 +1,32 @@
 # `make run`: set up .venv (if needed) and run the default experiment on the embedded MNIST data.
 # `make test`: set up .venv (if needed) and run the test suite (`make test-fast`: all but the slow tests).
+# `make setup GPU=cuda12`: the same .venv with JAX's CUDA 12 build (JAX's own `cuda12` extra, at the jax version
+# of requirements.txt); later commands use it without being told again. `make clean setup` goes back to CPU.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+GPU_EXTRAS := cuda12 cuda13
+
+# The GPU build a venv was made with is kept in it ($(VENV)/.gpu): `make run` after `make setup GPU=cuda12` needs no
+# GPU= again. Only the command line sets it (an environment variable GPU means other things on many clusters).
+ifneq ($(origin GPU),command line)
+GPU := $(shell cat $(VENV)/.gpu 2>/dev/null)
+endif
+ifneq ($(filter-out $(GPU_EXTRAS),$(GPU)),)
+$(error GPU=$(GPU) is invalid; allowed: $(GPU_EXTRAS) (JAX's CUDA builds), or none for the CPU build)
+endif
+JAX_VERSION := $(shell sed -n 's/^jax==\([^ #]*\).*/\1/p' requirements.txt)
+# One stamp per build: a CPU venv keeps the stamp it always had (no reinstall), a GPU one has its own.
+STAMP := $(VENV)/.installed$(if $(GPU),-$(GPU))
 
 .PHONY: run test test-fast test-avx2 setup clean results results-report
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet -r requirements.txt$(if $(GPU), "jax[$(GPU)]==$(JAX_VERSION)")
 	$(PY) -m pip install --quiet --no-deps -e .
+	$(if $(GPU),echo $(GPU) > $(VENV)/.gpu)
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -21,7 +21,7 @@ LAYERS = (
                      "provenance")),
     ("configuration", ("config",)),
     ("numerics and storage", ("data", "models", "local", "fisher", "sensitivity", "metrics", "checkpoint", "io",
-                              "run_identity")),
+                              "run_identity", "tensorboard")),
     ("algorithms", ("strategies",)),
     ("simulator", ("sim",)),
     ("tools on top", ("api", "sweep", "paper", "report_stats", "report_lib", "figures", "report", "profiling", "profilers", "cli",

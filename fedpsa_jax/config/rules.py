@@ -75,6 +75,7 @@ FIELD_RULES: tuple[tuple[str, Validator], ...] = (
     ("runtime.fisher_chunk_size", integer(ge=1)),
     ("runtime.phase_timing", boolean),
     ("runtime.progress", boolean),
+    ("runtime.tensorboard", boolean),
     ("runtime.trim_heap", boolean),
 )
 

@@ -5,10 +5,10 @@ Config files under `configs/` start from `base_config()` and change values. The 
   top-level `method`, `seed`, `stop_on_nan`): what the run computes;
 - one section per registered strategy (`config.<method>`, from its `default_config()`), so a new algorithm
   brings its hyperparameters with it;
-- `runtime`: how the run executes on this machine (backend, loop form, memory, timing, the console). No
-  field of it changes a result, so it is never part of a run's identity (`fedpsa_jax/run_identity.py`):
-  a run may continue, and a sweep member counts as done, under other runtime settings. What each knob buys,
-  measured, is in docs/performance.md.
+- `runtime`: how the run executes on this machine (backend, loop form, memory, timing, the console and
+  TensorBoard). No field of it changes a result, so it is never part of a run's identity
+  (`fedpsa_jax/run_identity.py`): a run may continue, and a sweep member counts as done, under other runtime
+  settings. What each knob buys, measured, is in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ def runtime_config() -> ml_collections.ConfigDict:
   # event, losing the overlap of its work with theirs. Off, those fields are null.
   c.phase_timing = False
   c.progress = True  # show a progress bar over virtual days
+  # Write each evaluation's metrics and the strategy's diagnostics as TensorBoard scalars in RUN_DIR/tensorboard
+  # (fedpsa_jax/tensorboard.py; needs a workdir). A view of metrics.jsonl, rebuilt from it when a run resumes.
+  c.tensorboard = False
   # Give the heap's free pages back to the OS at every evaluation and at most once a second of rounds (glibc's
   # malloc_trim; nothing elsewhere), so that peak RSS follows what the run holds: for many runs side by side.
   # Costs speed (the pages come back as page faults). (After XLA compiles the run always trims.)

@@ -1,14 +1,16 @@
 """The recorder: everything a run writes, in one place (docs/runs.md, 'What a run writes').
 
 It owns the run directory (config.json, metrics.jsonl, events.jsonl, summary.json; `io.RunDir`), the
-checkpoint store (`checkpoint.CheckpointStore`) and the progress bar. Without a workdir it writes
-nothing and only shows progress, so a notebook run costs no disk.
+checkpoint store (`checkpoint.CheckpointStore`), the TensorBoard events of `runtime.tensorboard`
+(`tensorboard.EventLog`, in RUN_DIR/tensorboard) and the progress bar. Without a workdir it writes nothing and
+only shows progress, so a notebook run costs no disk.
 
 Output positions: a checkpoint records how many metrics lines and how many bytes of metrics.jsonl and
 events.jsonl existed when it was taken; resuming cuts the files back to them, so lines written after the
 checkpoint (and a line cut off by a kill) are neither duplicated nor left behind. A checkpoint whose
 positions the files no longer reach (metrics.jsonl cut or deleted) is set aside and the newest one that
-fits is used; with none, the run starts over, with a warning.
+fits is used; with none, the run starts over, with a warning. The TensorBoard events follow metrics.jsonl:
+rewritten from the lines kept whenever the run starts or resumes, then appended with each new line.
 
 Failures: an OSError while writing an output (a full disk) becomes `errors.OutputWriteError` naming the
 file; a checkpoint write is never cut by SIGINT/SIGTERM (`signals.deferred_signals`: the signal is delivered
@@ -27,8 +29,10 @@ import ml_collections
 import tqdm.auto as tqdm
 
 from fedpsa_jax import checkpoint as checkpoint_lib
-from fedpsa_jax import errors, io, signals
+from fedpsa_jax import errors, io, signals, tensorboard
 from fedpsa_jax.config import UNITS_PER_DAY, budget_units
+
+TENSORBOARD_DIR = "tensorboard"  # RUN_DIR/tensorboard: the event files of runtime.tensorboard
 
 
 class Recorder:
@@ -46,6 +50,8 @@ class Recorder:
                               bar_format="{l_bar}{bar}| {n:.3f}/{total:.3f} days [{elapsed}<{remaining}{postfix}]")
     self.checkpoints = (checkpoint_lib.CheckpointStore(rundir.file("checkpoints"), config.checkpoint.keep)
                         if rundir is not None else None)
+    self.tensorboard = (tensorboard.EventLog(rundir.file(TENSORBOARD_DIR))
+                        if rundir is not None and config.runtime.tensorboard else None)
 
   @contextlib.contextmanager
   def _writing(self, name: str) -> Iterator[None]:
@@ -79,6 +85,7 @@ class Recorder:
       with self._writing(io.METRICS_FILE):
         self.rundir.truncate(io.METRICS_FILE, 0)
         self.rundir.truncate(io.EVENTS_FILE, 0)
+      self._restart_tensorboard([])
     return restored
 
   def _positions_mismatch(self, positions: dict[str, int]) -> str | None:
@@ -107,10 +114,14 @@ class Recorder:
         self.rundir.write_config(self.config)
 
   def metrics(self, record: dict[str, Any]) -> None:
-    """Appends one evaluation's record to metrics.jsonl and moves the progress bar to its day."""
+    """Appends one evaluation's record to metrics.jsonl (and its TensorBoard event) and moves the progress bar
+    to its day."""
     if self.rundir:
       with self._writing(io.METRICS_FILE):
         self.rundir.append(io.METRICS_FILE, [record])
+    if self.tensorboard is not None:
+      with self._writing(TENSORBOARD_DIR):
+        self.tensorboard.write(record)
     self.progress.set_postfix(acc=f"{record['test_accuracy']:.4f}", round=record["round"], refresh=False)
     self._progress_to(record["day"])
 
@@ -140,9 +151,16 @@ class Recorder:
     if len(history) != positions["metrics_lines"]:  # (`open` chose a checkpoint that fits: a safeguard)
       raise RuntimeError(f"{self.rundir.file(io.METRICS_FILE)} holds {len(history)} lines where the "
                          f"checkpoint recorded {positions['metrics_lines']}; it cannot continue exactly")
+    self._restart_tensorboard(history)
     if history:
       self._progress_to(history[-1]["day"])
     return history
+
+  def _restart_tensorboard(self, history: list[dict]) -> None:
+    """The TensorBoard events made equal to metrics.jsonl's kept lines (`tensorboard.EventLog.restart`)."""
+    if self.tensorboard is not None:
+      with self._writing(TENSORBOARD_DIR):
+        self.tensorboard.restart(history)
 
   def save_checkpoint(self, step: int, snapshot: dict[str, Any]) -> None:
     """Writes checkpoint `step`. A SIGINT/SIGTERM meanwhile is held back until it is complete (then
@@ -176,6 +194,9 @@ class Recorder:
   def close(self) -> None:
     """Closes the files and the checkpoint store (the run can be resumed from its workdir later)."""
     self.progress.close()
+    if self.tensorboard is not None:
+      with contextlib.suppress(OSError):  # (a write that failed before, e.g. a full disk, was raised then)
+        self.tensorboard.close()
     if self.rundir is not None:
       self.rundir.close()
     if self.checkpoints:
