@@ -145,8 +145,21 @@ def main(config: ml_collections.ConfigDict, options: Options) -> int:
   return cli.exit_code_of(lambda: run_mode(config, options))
 
 
+# Warnings that ask nothing of a user: tfds's advice to install OpenCV for faster decoding (a split is
+# decoded once per machine, then read from fedpsa_jax/data/cache.py).
+UNACTIONABLE_WARNINGS = ("OpenCV is not installed",)
+
+
+def _actionable(record: std_logging.LogRecord) -> bool:
+  return not str(record.msg).startswith(UNACTIONABLE_WARNINGS)
+
+
 def quiet_library_logs() -> None:
   """Only warnings and errors of absl, JAX and tfds on the console (their info lines, e.g. JAX's search for
-  a TPU, say nothing a user must act on); the run's own lines are printed, not logged."""
+  a TPU, say nothing a user must act on), less the warnings that ask nothing of a user
+  (`UNACTIONABLE_WARNINGS`); the run's own lines are printed, not logged."""
   logging.set_verbosity(logging.WARNING)
   std_logging.getLogger().setLevel(std_logging.WARNING)
+  absl_logger = std_logging.getLogger("absl")
+  if _actionable not in absl_logger.filters:
+    absl_logger.addFilter(_actionable)
