@@ -45,14 +45,19 @@ if TYPE_CHECKING:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-flags.DEFINE_list("members", ["mnist", "cifar10"], "the paper's datasets to run (configs/paper/experiment.py)")
-flags.DEFINE_list("executions", ["loop", "vmap"], "runtime.execution backends")
-flags.DEFINE_float("days", None, "virtual days per run (default: 0.05; 0.01 with --small)")
-flags.DEFINE_float("warmup_days", None, "virtual days before the measurement starts (default: 0.01; 0.002 small)")
-flags.DEFINE_string("data_dir", None, "where tfds' prepared datasets are (None: tfds' default)")
-flags.DEFINE_bool("small", None, "the CPU-sized version (default: on when JAX's backend is the CPU)")
-flags.DEFINE_string("child", "", "internal: run one member:execution and print JSON")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command line's flags, defined only when run as a script: a test imports this module beside other
+  benchmarks into one process, where two modules defining a flag of one name (`days`) is an error."""
+  flags.DEFINE_list("members", ["mnist", "cifar10"], "the paper's datasets to run (configs/paper/experiment.py)")
+  flags.DEFINE_list("executions", ["loop", "vmap"], "runtime.execution backends")
+  flags.DEFINE_float("days", None, "virtual days per run (default: 0.05; 0.01 with --small)")
+  flags.DEFINE_float("warmup_days", None, "virtual days before the measurement starts (default: 0.01; 0.002 small)")
+  flags.DEFINE_string("data_dir", None, "where tfds' prepared datasets are (None: tfds' default)")
+  flags.DEFINE_bool("small", None, "the CPU-sized version (default: on when JAX's backend is the CPU)")
+  flags.DEFINE_string("child", "", "internal: run one member:execution and print JSON")
 
 STAND_IN_SEED = 0
 CIFAR10_IMAGES = 60_000  # CIFAR-10's train and test splits together, as the holdout pools them
@@ -178,4 +183,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
