@@ -205,18 +205,43 @@ def projection_matrix(key: jax.Array, k: int, d: int, dtype: Any = jnp.float32) 
   return (jax.random.normal(key, (k, d), dtype) / np.sqrt(k)).astype(dtype)
 
 
-def sketch(R: jax.Array, tree: Params) -> jax.Array:
-  """Eq. 11: R @ vec(tree), vectorised in `jax.flatten_util.ravel_pytree` order.
+def split_projection(R: jax.Array, tree: Params) -> Params:
+  """R [k, d] cut into one block per leaf of `tree` (arrays or shapes): the block of a leaf of shape S holds
+  R's columns of that leaf in `ravel_pytree` order, shaped [k, *S], so that R vec(tree) = Σ_leaves
+  ⟨block, leaf⟩ (`sketch`)."""
+  leaves, treedef = jax.tree.flatten(tree)
+  shapes = [tuple(getattr(leaf, "shape", None) or np.shape(leaf)) for leaf in leaves]  # (arrays or shapes)
+  offsets = np.cumsum([0] + [int(np.prod(shape)) for shape in shapes])
+  if offsets[-1] != R.shape[1]:
+    raise ValueError(f"R has {R.shape[1]} columns but the tree has {offsets[-1]} entries")
+  k = R.shape[0]
+  return treedef.unflatten([R[:, a:b].reshape((k, *shape)) for a, b, shape in zip(offsets[:-1], offsets[1:], shapes)])
 
-  That is the leaf order of `jax.tree.leaves` (dict keys sorted), each leaf row-major: the same
-  order for every sensitivity and parameter tree of one structure, so sketches of different clients
-  (and of the global model) are comparable coordinate by coordinate.
+
+def projection(key: jax.Array, k: int, tree: Params, dtype: Any = jnp.float32) -> Params:
+  """Eq. 11's R for the parameters of `tree`'s structure, as `sketch` takes it: the entries of
+  `projection_matrix(key, k, num_params(tree))` (the paper's N(0, 1/k)), cut into per-leaf blocks
+  (`split_projection`)."""
+  return split_projection(projection_matrix(key, k, num_params(tree), dtype), tree)
+
+
+def sketch(R: Params, tree: Params) -> jax.Array:
+  """Eq. 11: R vec(tree), with R in the per-leaf blocks of `projection` / `split_projection`.
+
+  vec is `jax.flatten_util.ravel_pytree`'s order (the leaf order of `jax.tree.leaves`, dict keys sorted,
+  each leaf row-major), the same for every tree of one structure, so sketches of different clients (and of
+  the global model) are comparable coordinate by coordinate. Computed as Σ_leaves block · vec(leaf), one
+  matrix-vector product per leaf: vec(tree) as one vector would be a concatenation of the leaves, which
+  XLA:CPU runs as a slow elementwise loop (docs/performance.md, "FedPSA's cost").
   """
-  flat, _ = ravel_pytree(tree)
-  if flat.shape[0] != R.shape[1]:
-    raise ValueError(f"R has {R.shape[1]} columns but the tree has {flat.shape[0]} entries")
+  blocks, leaves = jax.tree.leaves(R), jax.tree.leaves(tree)
+  if jax.tree.structure(R) != jax.tree.structure(tree) or any(
+      b.shape[1:] != jnp.shape(leaf) for b, leaf in zip(blocks, leaves)):
+    raise ValueError("R's blocks do not match the tree's leaves (make R with `projection` for this structure)")
   # HIGHEST: on accelerators the default matmul precision may drop to bf16/tf32 passes.
-  return jnp.dot(R, flat.astype(R.dtype), precision=jax.lax.Precision.HIGHEST)
+  parts = [jnp.dot(b.reshape(b.shape[0], -1), jnp.ravel(leaf).astype(b.dtype), precision=jax.lax.Precision.HIGHEST)
+           for b, leaf in zip(blocks, leaves)]
+  return functools.reduce(jnp.add, parts)
 
 
 def cosine_similarity(a: jax.Array, b: jax.Array, eps: float = 1e-12) -> jax.Array:
@@ -229,19 +254,14 @@ def cosine_similarity(a: jax.Array, b: jax.Array, eps: float = 1e-12) -> jax.Arr
   return dot / jnp.maximum(norms, eps)
 
 
-@functools.partial(jax.jit, static_argnums=0, static_argnames=("chunk_size", "method"))
-def _sensitivity_of(apply_fn: ApplyFn, params: Params, x: jax.Array, y: jax.Array, *, chunk_size: int | None,
-                    method: str) -> Params:
-  return sensitivity(apply_fn, params, x, y, chunk_size=chunk_size, method=method)
+project = jax.jit(sketch)  # Eq. 11 alone, compiled (R and the tree as arguments)
 
 
-_project = jax.jit(sketch)
-
-
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("chunk_size", "use_sensitivity", "method"))
 def sketch_of(
     apply_fn: ApplyFn,
     params: Params,
-    R: jax.Array,
+    R: Params,
     x: jax.Array,
     y: jax.Array,
     *,
@@ -250,18 +270,15 @@ def sketch_of(
     method: str = "auto",
 ) -> jax.Array:
   """The sensitivity sketch s̃ = R vec(s(Θ)) of Eqs. 8 and 11 on the calibration batch (x, y); with
-  `use_sensitivity=False`, R vec(Θ) (FedPSA's `no_sensitivity` ablation). `chunk_size` and `method` choose
-  the Fisher path (`fisher_diagonal`).
+  `use_sensitivity=False`, R vec(Θ) (FedPSA's `no_sensitivity` ablation). R is `projection`'s blocks;
+  `chunk_size` and `method` choose the Fisher path (`fisher_diagonal`).
 
-  Two compiled calls, the sensitivity (Eq. 8) and then its projection (Eq. 11): compiled into one program the
-  whole ran slower on XLA:CPU, with the same bits (docs/profiling.md). R and the batch are arguments, so give
-  them as device arrays made once: a closed-over R would be baked into the program, and a host array copied
-  at every call. Traced inside another jit, the two calls
-  are inlined into its program.
+  One compiled program, the one every FedPSA client, `init` and round calls (and `--mode=profile` times).
+  R and the batch are arguments, so give them as device arrays made once: a closed-over R would be baked
+  into the program, and a host array copied at every call. Traced inside another jit, it is inlined.
   """
-  if not use_sensitivity:
-    return _project(R, params)
-  return _project(R, _sensitivity_of(apply_fn, params, x, y, chunk_size=chunk_size, method=method))
+  tree = sensitivity(apply_fn, params, x, y, chunk_size=chunk_size, method=method) if use_sensitivity else params
+  return sketch(R, tree)
 
 
 def num_params(params: Params) -> int:

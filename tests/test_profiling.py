@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import profilers, profiling, strategies
+from fedpsa_jax import compiles, profilers, profiling, sensitivity, strategies
 from fedpsa_jax.profilers import fedpsa as fedpsa_profiler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,3 +83,28 @@ def test_method_pieces_come_from_the_methods_plugin_only():
   proc = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.strip() == "[]"
+
+
+def test_fedpsa_pieces_run_the_runs_compiled_sketch(monkeypatch):
+  """The profile's client piece and FedPSA's server step call the run's own compiled sketch
+  (`sensitivity.sketch_of`, compiled once by the run's `init`), and compile it no second time."""
+  c = config_lib.base_config()
+  c.method, c.model.name = "fedpsa", "linear"
+  profiler = profiling.Profiler(c, repeats=2)
+  calls = []
+  run_sketch = sensitivity.sketch_of
+
+  def counted(*args, **kwargs):
+    calls.append(kwargs)
+    return run_sketch(*args, **kwargs)
+
+  monkeypatch.setattr(sensitivity, "sketch_of", counted)
+  with compiles.CompileCounter() as counter:
+    profiler.method_pieces(calibration_sizes=(4,))
+    assert len(calls) >= 3  # the client piece: a warm-up and two timed calls
+    del calls[:]
+    profiler.server_steps(["fedpsa"])
+    assert len(calls) >= 3  # each round's global sketch (and the probe's payloads)
+  names = {r["piece"] for r in profiler.rows}
+  assert {"sketch", "sketch_bare_matvec", "client_sensitivity_sketch", "server_step/fedpsa"} <= names
+  assert counter.count > 0 and counter.by_function["jit(sketch_of)"] == 0, counter.by_function

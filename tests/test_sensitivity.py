@@ -12,6 +12,7 @@ import functools
 import flax.linen as nn
 import jax
 import jax.flatten_util
+from jax.flatten_util import ravel_pytree
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -335,11 +336,27 @@ def test_sketch_is_R_times_ravel_in_pytree_order():
   }
   d = 3 * 2 + 4 + 1
   R = S.projection_matrix(jax.random.key(1), 5, d)
-  got = np.asarray(S.sketch(R, jax.tree.map(jnp.asarray, tree)))
+  blocks = S.split_projection(R, tree)
+  assert jax.tree.map(jnp.shape, blocks) == {"a": {"b": (5,), "w": (5, 4)}, "z": (5, 3, 2)}
+  got = np.asarray(S.sketch(blocks, jax.tree.map(jnp.asarray, tree)))
   want = np.asarray(R, np.float64) @ _flatten(tree)
   assert_close(got, want, f32_tolerance(d))  # each entry sums d products
   with pytest.raises(ValueError):
-    S.sketch(S.projection_matrix(jax.random.key(1), 5, d + 1), tree)
+    S.split_projection(S.projection_matrix(jax.random.key(1), 5, d + 1), tree)
+  with pytest.raises(ValueError):  # blocks of another structure
+    S.sketch(blocks, {"z": tree["z"], "a": tree["a"]["w"]})
+
+
+def test_projection_is_the_paper_matrix_in_blocks():
+  """`projection` (what FedPSA holds) has exactly the entries of `projection_matrix` (Eq. 11's R), bit for bit,
+  from parameter shapes alone; its sketch is R vec(θ) of the MNIST CNN, checked in float64."""
+  params = _setup(MnistCNN(), (28, 28, 1), 10, seed=0)[1]
+  key = jax.random.key(11)
+  blocks = S.projection(key, 4, jax.eval_shape(lambda: params))
+  R = np.asarray(S.projection_matrix(key, 4, S.num_params(params)))
+  np.testing.assert_array_equal(np.concatenate([np.asarray(b).reshape(4, -1) for b in jax.tree.leaves(blocks)], 1), R)
+  flat = _flatten(params)
+  assert_close(S.project(blocks, params), R.astype(np.float64) @ flat, f32_tolerance(flat.size))
 
 
 def test_cosine_similarity():
@@ -381,8 +398,8 @@ def test_sketch_of_matches_numpy():
   d = S.num_params(params)
   assert d == 6 * 6 * 16 + 16 + 16 * 10 + 10
   R = S.projection_matrix(jax.random.key(9), 16, d)
-  Rn = np.asarray(R, np.float64)
-  raw = S.sketch_of(apply_fn, params, R, x, y, use_sensitivity=False)
+  Rn, blocks = np.asarray(R, np.float64), S.split_projection(R, params)
+  raw = S.sketch_of(apply_fn, params, blocks, x, y, use_sensitivity=False)
   assert_close(raw, Rn @ _flatten(params), f32_tolerance(d))
 
   # Sensitivity sketch: R @ (hand-flattened Eq. 8 built from the per-sample loop).
@@ -390,25 +407,25 @@ def test_sketch_of_matches_numpy():
   th = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
   s = jax.tree.map(lambda g_, f_, t: np.abs(g_ * t - 0.5 * f_ * t**2), g, f, th)
   want = Rn @ _flatten(s)
-  for chunk in (None, 4):
-    got = S.sketch_of(apply_fn, params, R, x, y, chunk_size=chunk)
+  for chunk, method in ((None, "per_sample"), (4, "per_sample"), (None, "factored")):
+    got = S.sketch_of(apply_fn, params, blocks, x, y, chunk_size=chunk, method=method)
     assert got.shape == (16,)
     assert_close(got, want, _tol(x) + f32_tolerance(d))  # Eq. 8's rounding, then d products per entry
 
 
 @pytest.mark.parametrize("use_sensitivity", [True, False])
-def test_sketch_of_in_two_calls_is_the_one_program(use_sensitivity):
-  """`sketch_of` (the sensitivity, then the projection, as two compiled calls) equals Eqs. 8 and 11 compiled
-  as one program, up to the summation order of the projection's d products."""
-  apply_fn, params, x, y = _setup(TinyMLP(), (6, 6, 1), 10, seed=5)
+def test_sketch_of_is_the_old_two_call_path(use_sensitivity):
+  """`sketch_of` (one program, R in blocks) gives the sketch of the path it replaced (the sensitivity, then
+  R @ ravel_pytree(s) with the whole R, as two compiled calls), up to the summation order of the d products."""
+  apply_fn, params, x, y = _setup(MnistCNN(), (28, 28, 1), 10, seed=5)
   d = S.num_params(params)
   R = S.projection_matrix(jax.random.key(3), 16, d)
-  got = S.sketch_of(apply_fn, params, R, x, y, chunk_size=4, use_sensitivity=use_sensitivity, method="auto")
+  got = S.sketch_of(apply_fn, params, S.split_projection(R, params), x, y, chunk_size=4,
+                    use_sensitivity=use_sensitivity, method="auto")
 
-  def one_program(p, R, x, y):
-    return S.sketch(R, S.sensitivity(apply_fn, p, x, y, chunk_size=4, method="auto") if use_sensitivity else p)
-
-  want = jax.jit(one_program)(params, R, x, y)
+  sens = jax.jit(lambda p, x, y: S.sensitivity(apply_fn, p, x, y, chunk_size=4, method="auto"))
+  old_project = jax.jit(lambda R, tree: jnp.dot(R, ravel_pytree(tree)[0], precision=jax.lax.Precision.HIGHEST))
+  want = old_project(R, sens(params, x, y) if use_sensitivity else params)
   assert float(jnp.max(jnp.abs(want))) > 0
   assert_close(got, want, f32_tolerance(d))
 

@@ -10,6 +10,8 @@ import functools
 from typing import Any, Sequence
 
 import jax
+import jax.flatten_util
+import jax.numpy as jnp
 
 from fedpsa_jax import fisher, sensitivity
 from fedpsa_jax.strategies.fedpsa import calibration_batch
@@ -19,7 +21,7 @@ CALIBRATION_SIZES = (16, 32, 128, 512)
 
 def profile(profiler: Any, calibration_sizes: Sequence[int] = CALIBRATION_SIZES) -> None:
   """Adds FedPSA's rows to `profiler` (a `profiling.Profiler`): per size in `calibration_sizes`,
-  `fisher_per_sample`, `fisher_factored` (Flax models) and `sensitivity_eq8`; then `sketch` and
+  `fisher_per_sample`, `fisher_factored` (Flax models) and `sensitivity_eq8`; then `sketch`, `sketch_bare_matvec` and
   `client_sensitivity_sketch`."""
   c, ctx, apply_fn, params = profiler.config, profiler.sim.strategy.ctx, profiler.apply_fn, profiler.params
   chunk = c.runtime.fisher_chunk_size
@@ -36,14 +38,24 @@ def profile(profiler: Any, calibration_sizes: Sequence[int] = CALIBRATION_SIZES)
       profiler.add("fisher_factored", cost, functools.partial(jax.jit(factored), params, x, y), calibration=size)
     eq8 = lambda p, x, y: sensitivity.sensitivity(apply_fn, p, x, y, chunk_size=chunk, method=c.runtime.fisher)
     profiler.add_on_batch("sensitivity_eq8", eq8, x, y, calibration=size, note="g + Fisher + Eq. 8")
+  # The run's own pieces: its strategy's R (per-leaf blocks) and calibration batch, and the compiled functions
+  # the run calls. `sketch` is Eq. 11 alone (`sensitivity.project`) on a sensitivity tree, beside a bare
+  # matrix-vector product of the same shape (the memory-bandwidth bound); `client_sensitivity_sketch` is the
+  # client's payload as the executor computes it (`sensitivity.sketch_of`, one program; the server's rounds
+  # call the same for the global sketch).
+  strategy = profiler.sim.strategy
+  R, (x, y) = strategy.projection, strategy.calibration
+  s = sensitivity.sensitivity(apply_fn, params, x, y, chunk_size=chunk, method=c.runtime.fisher)
   d = sensitivity.num_params(params)
-  R = sensitivity.projection_matrix(jax.random.key(0), c.fedpsa.sketch_dim, d)
-  profiler.add("sketch", profiler.cost(sensitivity.sketch, R, params),
-               functools.partial(jax.jit(sensitivity.sketch), R, params), k=c.fedpsa.sketch_dim, d=d)
-  # What a FedPSA client adds to its update: g, Fisher, Eq. 8 and the sketch, on the configured calibration
-  # batch and Fisher path (costed and timed here as one program; a run makes it two calls: sensitivity.sketch_of).
-  x, y = calibration_batch(ctx, c.fedpsa.calibration, c.fedpsa.calibration_size)
-  whole = lambda p, x, y: sensitivity.sketch(R, sensitivity.sensitivity(apply_fn, p, x, y, chunk_size=chunk,
-                                                                        method=c.runtime.fisher))
-  profiler.add_on_batch("client_sensitivity_sketch", whole, x, y, calibration=c.fedpsa.calibration_size,
-                        note=f"Fisher path {sensitivity.resolve_fisher_method(apply_fn, c.runtime.fisher)}")
+  profiler.add("sketch", profiler.cost(sensitivity.sketch, R, s), functools.partial(sensitivity.project, R, s),
+               k=c.fedpsa.sketch_dim, d=d)
+  flat_R = jnp.concatenate([b.reshape(b.shape[0], -1) for b in jax.tree.leaves(R)], axis=1)
+  flat_s = jax.flatten_util.ravel_pytree(s)[0]
+  bare = lambda R, v: R @ v
+  profiler.add("sketch_bare_matvec", profiler.cost(bare, flat_R, flat_s),
+               functools.partial(jax.jit(bare), flat_R, flat_s), k=c.fedpsa.sketch_dim, d=d)
+  del flat_R  # (a second copy of R, only for that row)
+  whole = lambda p, R, x, y: sensitivity.sketch_of(apply_fn, p, R, x, y, **strategy.sketch_options)
+  profiler.add("client_sensitivity_sketch", profiler.cost(whole, params, R, x, y),
+               functools.partial(strategy.client.payload, params, params), calibration=c.fedpsa.calibration_size,
+               note=f"Fisher path {sensitivity.resolve_fisher_method(apply_fn, c.runtime.fisher)}")

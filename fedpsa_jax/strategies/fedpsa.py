@@ -12,14 +12,14 @@ Temp = (M_cur / M0) γ + δ (Eqs. 17-18). When the buffer holds at least L_s upd
 weights = softmax(κ / Temp) (Eq. 19) — uniform 1/|buffer| while Q has never been full — and
 w ← w + Σ weight_i Δ_i (Eq. 20); the buffer is cleared.
 
-How it runs: three jitted calls per round, however many updates arrive. s̃_g changes only at a flush, so every
+How it runs: two jitted calls per round, however many updates arrive. s̃_g changes only at a flush, so every
 κ of a round is taken against the same sketch; Q, M0 and Temp are read only at the flush (Temp as left by the
 round's last push). So a receive without a flush only appends (Δ_i, s̃_i) to the buffer, with no device work,
 and the flush computes, in arrival order, every κ_i and m_i, the queue pushes, M0 if the queue fills this
 round, Temp, the weights and the new w (`_aggregate`), then the new w's sketch s̃_g with the clients' sketch
 function (`sensitivity.sketch_of`). The sketch is not part of `_aggregate` because that compiles once per buffer
-length: with the per-sample-gradient Fisher inside, every length would compile it again; on its own it compiles
-once, for clients and server alike (docs/performance.md).
+length: with the Fisher pass inside, every length would compile it again; on its own it compiles once, for
+clients and server alike (docs/performance.md, "FedPSA's cost").
 The aggregation is that of the per-arrival description (same queue, M0 and Temp at each flush); what
 differs is what the state shows between flushes: `queue`, `queue_count`, `m0` and `temperature` (and so
 `diagnostics`' thermometer) are those of the last flush. `event_records` (events.jsonl only) takes a flush's
@@ -279,14 +279,15 @@ class FedPSA(Strategy):
                           model=config.model.name)
     if errors:  # (before R is drawn: that could be the allocation that fails)
       raise ConfigError("invalid config for this model and data:\n  " + "\n  ".join(errors))
-    R = sensitivity.projection_matrix(seeding.device_key(ctx.seed, "fedpsa/projection"), h.sketch_dim,
-                                      sensitivity.num_params(ctx.params_shape))
-    # One sketch function, s̃ = sketch_of(params, R, x, y) (Eqs. 8, 11), compiled once for the clients, `init`
-    # and the server's rounds; R and D_b are arguments (a closed-over R would be baked into the program).
-    self._sketch_of = functools.partial(
-        sensitivity.sketch_of, ctx.apply_fn, chunk_size=runtime.fisher_chunk_size,
-        use_sensitivity=not h.no_sensitivity, method=runtime.fisher)
-    self._sketch_inputs = (R, *map(jnp.asarray, calibration_batch(ctx, h.calibration, h.calibration_size)))
+    # R (Eq. 11) in per-leaf blocks (`sensitivity.projection`) and D_b, made once as device arrays and passed to
+    # the one compiled sketch function, `sensitivity.sketch_of`, that the clients, `init` and the rounds share (a
+    # closed-over R would be baked into the program).
+    self.projection = sensitivity.projection(seeding.device_key(ctx.seed, "fedpsa/projection"), h.sketch_dim,
+                                             ctx.params_shape)
+    self.calibration = tuple(map(jnp.asarray, calibration_batch(ctx, h.calibration, h.calibration_size)))
+    # The static arguments of `sensitivity.sketch_of` besides the model (the profiler compiles the same call).
+    self.sketch_options = dict(chunk_size=runtime.fisher_chunk_size, use_sensitivity=not h.no_sensitivity,
+                               method=runtime.fisher)
     self.client = ClientSide(payload=self._client_payload)
     self._alignment_fn = None
     if h.log_alignment:
@@ -297,21 +298,22 @@ class FedPSA(Strategy):
     q = self.hparams.queue_length
     # Under no_temperature this Temp is never updated (the round skips Eq. 18): it is the ablation's fixed value.
     temp = fixed_temperature(self.hparams) if self.hparams.no_temperature else self.hparams.gamma + self.hparams.delta
-    return FedPSAState(params=params, global_sketch=self._sketch(params), queue=jnp.zeros((q,), jnp.float32),
+    return FedPSAState(params=params, global_sketch=self.sketch(params), queue=jnp.zeros((q,), jnp.float32),
                        m0=jnp.float32(0.0), temperature=jnp.float32(temp))
 
-  def _sketch(self, params: Params) -> jax.Array:
-    """s̃ = R s(params) on the calibration batch (Eqs. 8, 11; R vec(params) under no_sensitivity)."""
-    return self._sketch_of(params, *self._sketch_inputs)
+  def sketch(self, params: Params) -> jax.Array:
+    """s̃ = R s(params) on the calibration batch (Eqs. 8, 11; R vec(params) under no_sensitivity): one call of
+    the compiled `sensitivity.sketch_of`, the same program for clients and server."""
+    return sensitivity.sketch_of(self.ctx.apply_fn, params, self.projection, *self.calibration, **self.sketch_options)
 
   def _client_payload(self, params_start: Params, params_end: Params, job=None) -> jax.Array:
     """The client's sketch s̃_i = R s(θ_i) at its trained parameters (Algorithm 1, lines 9-10)."""
     del params_start, job
-    return self._sketch(params_end)
+    return self.sketch(params_end)
 
   def receive(self, state: FedPSAState, arrivals: Sequence[Arrival]) -> tuple[FedPSAState, bool]:
     """Buffers the arrivals (Algorithm 1 line 16, deferred: see the module docstring); a full buffer is one
-    round, computed by three jitted calls (the module docstring)."""
+    round, computed by two jitted calls (the module docstring)."""
     if self._alignment_fn is not None:  # against the global model as it is before this receive's flush
       state = state.replace(last_alignments=self._alignment_fn(
           state.params, tuple(a.params_start for a in arrivals), tuple(a.delta for a in arrivals)))
@@ -332,7 +334,7 @@ class FedPSA(Strategy):
                      state.temperature, np.int32(count % h.queue_length), np.int32(fill_index),
                      np.bool_(queue_full and not h.no_temperature), np.bool_(queue_full or h.no_temperature),
                      gamma=float(h.gamma), delta=float(h.delta))
-    return state.replace(**out, global_sketch=self._sketch(out["params"]), deltas=(), sketches=(),
+    return state.replace(**out, global_sketch=self.sketch(out["params"]), deltas=(), sketches=(),
                          queue_count=count + n)
 
   def diagnostics(self, state: FedPSAState) -> dict[str, Any]:

@@ -457,7 +457,7 @@ def test_three_host_devices_keep_the_server_device_free_and_give_the_results_of_
   # The run compiled each server function once (its first state is committed to the server's device like
   # every later one) and each local training program at most once per client device.
   counts = compiles["compiles"]
-  for name in ("_sensitivity_of", "sketch", "_aggregate", "batch_stats"):
+  for name in ("sketch_of", "_aggregate", "batch_stats"):
     assert counts[f"jit({name})"] == 1, (name, counts)
   training = "jit(_run_job)" if compiles["loop"] == "rolled" else "jit(_run_batches)"
   assert 1 <= counts[training] <= 2 * compiles["programs"], counts

@@ -20,6 +20,7 @@ import contextlib
 import math
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -32,8 +33,8 @@ from fedpsa_jax import seeding, sensitivity, checkpoint
 from fedpsa_jax.strategies import Arrival
 from fedpsa_jax.strategies import fedpsa as fedpsa_lib
 from fedpsa_jax.strategies.fedpsa import FedPSA
-from helpers import (_arrival, _calibration, _close, _ctx, _flat, _np_tree, _random_like, _readings_ctx, DELTA, GAMMA,
-                     K_SKETCH, NUM_CLASSES, PARAMS0, PARAMS_KEY0)
+from helpers import (_arrival, _calibration, _close, _ctx, _flat, _np_tree, _random_like, _readings_ctx, small_config,
+                     AGGREGATION_TOL, DELTA, GAMMA, K_SKETCH, NUM_CLASSES, PARAMS0, PARAMS_KEY0)
 from numerics import assert_close, f32_tolerance
 
 
@@ -469,7 +470,7 @@ def test_counter_sees_eager_ops_and_the_fast_path():
 
 
 @pytest.mark.parametrize("buffer_size,sizes", [(3, (1, 1, 1)), (9, (1,) * 9), (9, (2, 3, 4)), (3, (1, 3))])
-def test_a_round_is_three_jitted_calls_however_many_arrivals(buffer_size, sizes):
+def test_a_round_is_two_jitted_calls_however_many_arrivals(buffer_size, sizes):
   strategy, state = _fedpsa(buffer_size=buffer_size, queue_length=4)
   rng = np.random.default_rng(0)
   # Two rounds: the queue (L_q = 4) fills during the first or the second, and both are counted.
@@ -481,8 +482,8 @@ def test_a_round_is_three_jitted_calls_however_many_arrivals(buffer_size, sizes)
       assert not changed and sum(counts.values()) == 0, counts  # no device work before the flush
     with count_executions() as counts:
       state, changed = strategy.receive(state, groups[-1])
-    # (The aggregation, then the new global model's sensitivity and its projection: sensitivity.sketch_of.)
-    assert changed and counts == {"jit(_aggregate)": 1, "jit(_sensitivity_of)": 1, "jit(sketch)": 1}, counts
+    # (The aggregation, then the new global model's sketch: sensitivity.sketch_of, one program.)
+    assert changed and counts == {"jit(_aggregate)": 1, "jit(sketch_of)": 1}, counts
     with count_executions() as counts:
       diagnostics = strategy.diagnostics(state)
     assert sum(counts.values()) == 0, counts
@@ -629,3 +630,55 @@ def test_fixed_temperature_needs_no_temperature():
   assert _errors(_readings_config(0.0, no_temperature=False)) == []
   assert _errors(_readings_config(1.0)) == [] and _errors(_readings_config(0.0)) == []
   assert config_lib.base_config().fedpsa.fixed_temperature == 0.0  # the default: γ + δ, the paper's reading
+
+
+def _old_path_sketch(strategy, params):
+  """The sketch as the code computed it before issue 33 (the reference kept here): the sensitivity (Eq. 8),
+  then the whole R (`projection_matrix`, the same key) times ravel_pytree(s) in one product (Eq. 11)."""
+  h, ctx = strategy.hparams, strategy.ctx
+  R = sensitivity.projection_matrix(seeding.device_key(ctx.seed, "fedpsa/projection"), h.sketch_dim,
+                                    sensitivity.num_params(params))
+  options = strategy.sketch_options
+  tree = (sensitivity.sensitivity(ctx.apply_fn, params, *strategy.calibration, chunk_size=options["chunk_size"],
+                                  method=options["method"]) if options["use_sensitivity"] else params)
+  return jnp.dot(R, jax.flatten_util.ravel_pytree(tree)[0], precision=jax.lax.Precision.HIGHEST)
+
+
+def _recorded_run(monkeypatch, old_path: bool) -> list[dict]:
+  """A short FedPSA run on the linear model (the thermometer fills, so softmax weights are used), with every
+  round's client sketches, κ, weights, new global sketch and parameters recorded."""
+  from fedpsa_jax.sim import runner
+
+  if old_path:
+    old_sketch = jax.jit(_old_path_sketch, static_argnums=0)
+    monkeypatch.setattr(FedPSA, "sketch", lambda self, params: old_sketch(self, params))
+  sim = runner.Simulation(small_config("fedpsa", days=0.02, fedpsa__queue_length=10))
+  rounds, receive = [], sim.strategy.receive
+
+  def recorded(state, arrivals):
+    sketches = state.sketches + tuple(a.payload for a in arrivals)
+    state, changed = receive(state, arrivals)
+    if changed:
+      rounds.append({"sketches": np.stack(sketches), "kappa": state.last_kappas, "weights": state.last_weights,
+                     "global_sketch": state.global_sketch, "params": _flat(state.params)})
+    return state, changed
+
+  sim.strategy.receive = recorded
+  sim.run_until(0.02)
+  monkeypatch.undo()
+  return [jax.tree.map(np.asarray, r) for r in rounds]
+
+
+def test_kappas_sketches_and_weights_match_the_old_sketch_path(monkeypatch):
+  """On a fixed job, the per-leaf projection in one program (issue 33) gives the sketches, κ, weights and models
+  of the old path (`_old_path_sketch`) to float tolerance, round after round, through the softmax phase."""
+  new, old = _recorded_run(monkeypatch, False), _recorded_run(monkeypatch, True)
+  assert len(new) == len(old) >= 4 and any(not np.allclose(r["weights"], r["weights"][0]) for r in new)
+  d = old[0]["params"].size
+  for r_new, r_old in zip(new, old):
+    # Each sketch entry sums d products in another order; κ and the weights follow the sketches.
+    assert_close(r_new["sketches"], r_old["sketches"], f32_tolerance(d, depth=4))
+    assert_close(r_new["global_sketch"], r_old["global_sketch"], f32_tolerance(d, depth=4))
+    np.testing.assert_allclose(r_new["kappa"], r_old["kappa"], atol=1e-5)
+    np.testing.assert_allclose(r_new["weights"], r_old["weights"], rtol=1e-5)
+    assert_close(r_new["params"], r_old["params"], AGGREGATION_TOL)
