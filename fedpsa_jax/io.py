@@ -4,12 +4,15 @@ Writing: `RunDir` appends and flushes lines one at a time and replaces summary.j
 that dies leaves every line it wrote readable. A checkpoint records the byte size of metrics.jsonl and
 events.jsonl when it was taken; resuming truncates them back to it (`RunDir.truncate`), so lines written
 after the checkpoint, and a line cut off by a kill, are neither duplicated nor left behind.
-`check_workdir` vets a workdir before any work: writable, and not holding another run.
+`check_workdir` vets a workdir before any work: writable, not holding another run, and holding no run entry
+of the wrong kind or one this user cannot read and write (`check_run_entries`).
 
 Reading: `read_run` (or `read_config`, `read_summary`, `read_metrics`, `read_events`) is the one reader
 of a run directory; the notebook API, sweeps, reports, figures and resume all read through it. A JSON-lines
 file whose last line is torn (a run killed while writing it) is read without that line, with a
-`TornLineWarning`; a bad line anywhere else is a `DamagedRunFile` error naming the file and the line.
+`TornLineWarning`; a bad line anywhere else, a line that is not an object or lacks a field every reader needs
+(`METRICS_FIELDS`, `EVENTS_FIELDS`), and a file that cannot be read are a `DamagedRunFile` error naming the file
+(and the line).
 
 JSON has no NaN or infinities: `to_json` writes non-finite floats as the strings "nan", "inf", "-inf"
 and `from_json` turns them back into floats, at any depth (lists of κ, nested dicts). Every file here
@@ -353,10 +356,14 @@ class RunDir:
     f.flush()
 
   def sync(self) -> None:
-    """Flushes and fsyncs every open output, so that what a checkpoint records is on disk."""
+    """Flushes and fsyncs every open output, so that what a checkpoint records is on disk; OutputWriteError
+    naming the output that fails."""
     for f in self._files.values():
-      f.flush()
-      os.fsync(f.fileno())
+      try:
+        f.flush()
+        os.fsync(f.fileno())
+      except OSError as err:
+        raise OutputWriteError.of(err, f.name) from None
 
   def size(self, name: str) -> int:
     """The byte size of output `name` (0 when absent), after flushing it."""

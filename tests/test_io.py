@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -228,3 +229,24 @@ def test_a_run_entry_this_user_cannot_read_and_write_is_refused(tmp_path, monkey
   with pytest.raises(ConfigError, match=r"holds metrics.jsonl, which this user cannot read and write; allowed: a "
                      r"run directory this user can read and write"):
     io.check_workdir(str(workdir), small_config("fedbuff"))
+
+
+def test_an_output_that_cannot_be_synced_is_named(tmp_path, monkeypatch):
+  """RunDir.sync (before a checkpoint records the outputs' positions) names the output that fails, not the
+  first one (an events.jsonl that could not be synced was reported as metrics.jsonl)."""
+  rundir = io.RunDir(str(tmp_path))
+  rundir.append(io.METRICS_FILE, [{"day": 0.0, "test_accuracy": 0.1}])
+  rundir.append(io.EVENTS_FILE, [{"type": "update"}])
+  events_fd = rundir._files[io.EVENTS_FILE].fileno()
+  real_fsync = os.fsync
+
+  def fsync(fd):
+    if fd == events_fd:
+      raise OSError(errno.EIO, "Input/output error")
+    real_fsync(fd)
+
+  monkeypatch.setattr(os, "fsync", fsync)
+  with pytest.raises(errors.OutputWriteError, match=rf"^cannot write {tmp_path / 'events.jsonl'}: Input/output error "
+                     r"\(EIO\)"):
+    rundir.sync()
+  rundir.close()
