@@ -99,7 +99,7 @@ FLAG_ERRORS = [
      ["NameError", "nothing", "bad_config.py, line 2"]),
     ("config file without get_config", _config_file("x = 1\n"), ["no get_config"]),
     ("bad sweep argument", lambda p: ["--mode=sweep", "--config=configs/paper/table1.py:smoke,seeds=0"],
-     ["seeds=0", "is invalid", "allowed: seeds=<an integer >= 1>"]),
+     ["seeds=0", "is invalid", "allowed: seeds=<an integer in [1, 1000]>"]),
     ("unknown flag", lambda p: ["--wrokdir=x"], ["wrokdir", "Did you mean: workdir"]),
     ("wrong type for a field", lambda p: ["--config.seed=1.5"], ["--config.seed=1.5"]),
     ("bad flag value", lambda p: ["--host_devices=0"], ["--host_devices=0"]),
