@@ -420,6 +420,23 @@ def test_a_signal_inside_deferred_signals_is_delivered_after_the_block():
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def test_only_the_first_signal_stops_a_run_and_once_exiting_a_signal_ends_it_with_the_code():
+  signals.handle_signals()
+  try:
+    with pytest.raises(errors.Interrupted) as first:
+      signal.raise_signal(signal.SIGINT)
+    signal.raise_signal(signal.SIGTERM)  # dropped: the run is already stopping, its code stays 130
+    signal.raise_signal(signal.SIGINT)
+    assert first.value.signum == signal.SIGINT
+  finally:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  code = ("import os, signal, time\nfrom fedpsa_jax import signals\nsignals.exit_on_signal(130)\nprint('exiting')\n"
+          "os.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(30)\n")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+  assert (proc.returncode, proc.stdout, proc.stderr) == (130, "exiting\n", "")  # at once, flushed, no traceback
+
+
 # --- 5. a full disk -------------------------------------------------------------------------------------------
 
 
