@@ -64,8 +64,7 @@ _RESUME = flags.DEFINE_bool(
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  del argv  # (only the program's name: `flag_parsing.parse_flags` refuses any argument that is not a flag)
   options = modes.Options(
       config_path=config_flags.get_config_filename(flags.FLAGS["config"]), mode=_MODE.value,
       workdir=_WORKDIR.value, resume=_RESUME.value, executor=_EXECUTOR.value, ray_address=_RAY_ADDRESS.value,

@@ -101,9 +101,13 @@ def config_from(source: str | ml_collections.ConfigDict | None = None,
   return config_lib.set_fields(c, {config_lib.OVERRIDE_ALIASES.get(k, k): v for k, v in items.items()})
 
 
-def _prepared(config: ml_collections.ConfigDict, progress: bool) -> ml_collections.ConfigDict:
+def _prepared(config: ml_collections.ConfigDict, progress: bool, caller: str) -> ml_collections.ConfigDict:
   """A private copy of `config` for one run (the caller's object is never changed), with the progress
-  switch set and the sections of late-registered strategies added."""
+  switch set and the sections of late-registered strategies added. TypeError naming `config_from` when
+  `config` is not a ConfigDict (a config file's path, a dict)."""
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise TypeError(f"{caller}(config=...) takes a ConfigDict, not {type(config).__name__} {config!r:.80}; allowed: "
+                    f"a config built with config_from, e.g. {caller}(config_from('configs/default.py'))")
   c = _add_missing_sections(copy.deepcopy(config))
   c.runtime.progress = bool(progress)
   return c
@@ -192,7 +196,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, progre
   the run stays in memory. `progress` shows a progress bar over virtual days (a widget in Jupyter).
   `label` names the run in plots (default: the method).
   """
-  sim = runner.Simulation(_prepared(config, progress), workdir)
+  sim = runner.Simulation(_prepared(config, progress, "run"), workdir)
   summary = sim.run()
   return _result_of(sim, summary, workdir, label)
 
@@ -296,8 +300,9 @@ class Explorer:
     return _frame(self.simulation.history)
 
   def run_until(self, day: float) -> "Explorer":
-    """Advances virtual time to `day` (capped at the budget), evaluating when due; returns self, so
-    that a notebook cell shows where the run stands."""
+    """Advances virtual time to `day` (capped at the budget: `math.inf` runs to its end; a day already passed
+    changes nothing), evaluating when due; returns self, so that a notebook cell shows where the run
+    stands. ValueError for NaN."""
     self.simulation.run_until(day)
     return self
 
@@ -328,4 +333,4 @@ def simulate(config: ml_collections.ConfigDict, workdir: str | None = None, *, p
              label: str | None = None) -> Explorer:
   """Builds a run of `config` without running it: an Explorer to advance with `run_until(day)` and
   inspect in between. Validation, copying, `workdir` and `progress` as in `run`."""
-  return Explorer(runner.Simulation(_prepared(config, progress), workdir), workdir, label)
+  return Explorer(runner.Simulation(_prepared(config, progress, "simulate"), workdir), workdir, label)

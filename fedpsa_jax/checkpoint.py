@@ -40,6 +40,7 @@ import os
 import shutil
 import sys
 import time
+import traceback
 import warnings
 from typing import Any, Callable
 
@@ -58,20 +59,47 @@ _META_KEYS = ("skeleton", "arrays", "config")
 
 
 class _QuietOrbax(logging.Filter):
-  """Drops orbax's INFO chatter (a dozen lines per save under absl's INFO verbosity); keeps warnings."""
+  """Drops orbax's INFO chatter (a dozen lines per save under absl's INFO verbosity), and the tracebacks its
+  background threads log when a write fails (one per thread, 30-80 lines each): the save that waits for them
+  raises the same exception, which its caller reports once (a full disk: one line). Keeps orbax's warnings and
+  its other errors."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return record.levelno >= logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname
+    if f"{os.sep}orbax{os.sep}" not in record.pathname:
+      return True
+    return record.levelno >= logging.WARNING and record.exc_info is None
 
 
 logging.getLogger("absl").addFilter(_QuietOrbax())
 
 
+def _is_closed_loop_callback(exc_type: type, value: BaseException, tb: Any) -> bool:
+  """A callback that tensorstore (under orbax) runs on one of its threads when a write finishes, into the
+  event loop of a save that already failed and closed it: nothing is left to report (the save raised)."""
+  if exc_type is not RuntimeError or str(value) != "Event loop is closed":
+    return False
+  return any(frame.name == "call_soon_threadsafe" for frame in traceback.extract_tb(tb))
+
+
+def _unraisablehook_without_closed_loop_callbacks(hook: Callable) -> Callable:
+  """`hook` (sys.unraisablehook), except for `_is_closed_loop_callback` errors, which tensorstore reports
+  through it from its threads after a failed write, a traceback each."""
+  def unraisablehook(unraisable: Any) -> None:
+    if not _is_closed_loop_callback(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback):
+      hook(unraisable)
+  unraisablehook.quiets_closed_loop_callbacks = True
+  return unraisablehook
+
+
 def _orbax():
   """orbax.checkpoint, imported at a run's first checkpoint (or restore) rather than with this module: with
-  tensorstore it holds resident memory that a run would otherwise keep from its first step to its last."""
+  tensorstore it holds resident memory that a run would otherwise keep from its first step to its last.
+  Also keeps tensorstore's late callbacks into a failed save's closed event loop off the console
+  (`_unraisablehook_without_closed_loop_callbacks`)."""
   import orbax.checkpoint as ocp
 
+  if not getattr(sys.unraisablehook, "quiets_closed_loop_callbacks", False):
+    sys.unraisablehook = _unraisablehook_without_closed_loop_callbacks(sys.unraisablehook)
   return ocp
 
 

@@ -37,18 +37,36 @@ class DataError(UserError, ValueError):
 
 
 class DamagedRunFile(UserError, ValueError):
-  """A run directory's file cannot be read: a line that is not JSON (other than a torn last line, which
-  the readers skip with a warning). The message names the file and the line."""
+  """A file of a run or sweep directory cannot be read or is not what a run writes: unreadable, not JSON, a
+  line that is not JSON (other than a torn last line, which the readers skip with a warning), not an object,
+  or without a field every reader needs. The message names the file (and line) and what is allowed."""
+
+
+# What to do about an output that cannot be written, by its cause: only a full device or quota is fixed by
+# making room; the others are a path of the wrong kind or one this user may not write.
+_ADVICE = {
+    errno_lib.ENOSPC: "make room and rerun the same command (a run resumes from its last checkpoint)",
+    errno_lib.EDQUOT: "make room and rerun the same command (a run resumes from its last checkpoint)",
+    errno_lib.EROFS: "the file system is read-only; allowed: a --workdir on a writable file system",
+    errno_lib.EACCES: "this user may not write there; allowed: a --workdir this user can write",
+    errno_lib.EPERM: "this user may not write there; allowed: a --workdir this user can write",
+    errno_lib.ENOTDIR: "a part of the path is a file where a directory must be; allowed: move that file away, "
+                       "or another --workdir",
+    errno_lib.EISDIR: "it is a directory where a file must be; allowed: move that directory away, or another "
+                      "--workdir",
+}
 
 
 class OutputWriteError(OSError):
   """Writing one of the run's outputs failed (ENOSPC and the like). An OSError with the original errno,
-  strerror and the path, so callers that catch OSError keep working."""
+  strerror and the path, so callers that catch OSError keep working. Its message's advice fits the cause
+  (a full disk: make room; a read-only file system, a permission, a path of the wrong kind: which)."""
 
   def __str__(self) -> str:
     code = errno_lib.errorcode.get(self.errno, str(self.errno)) if self.errno is not None else "error"
-    return (f"cannot write {self.filename}: {self.strerror or 'write failed'} ({code}); make room and rerun "
-            "the same command (a run resumes from its last checkpoint)")
+    advice = _ADVICE.get(self.errno, "rerun the same command once it can be written (a run resumes from its "
+                                     "last checkpoint)")
+    return f"cannot write {self.filename}: {self.strerror or 'write failed'} ({code}); {advice}"
 
   @classmethod
   def of(cls, err: BaseException, path: str | os.PathLike) -> "OutputWriteError":

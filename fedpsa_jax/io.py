@@ -4,12 +4,15 @@ Writing: `RunDir` appends and flushes lines one at a time and replaces summary.j
 that dies leaves every line it wrote readable. A checkpoint records the byte size of metrics.jsonl and
 events.jsonl when it was taken; resuming truncates them back to it (`RunDir.truncate`), so lines written
 after the checkpoint, and a line cut off by a kill, are neither duplicated nor left behind.
-`check_workdir` vets a workdir before any work: writable, and not holding another run.
+`check_workdir` vets a workdir before any work: writable, not holding another run, and holding no run entry
+of the wrong kind or one this user cannot read and write (`check_run_entries`).
 
 Reading: `read_run` (or `read_config`, `read_summary`, `read_metrics`, `read_events`) is the one reader
 of a run directory; the notebook API, sweeps, reports, figures and resume all read through it. A JSON-lines
 file whose last line is torn (a run killed while writing it) is read without that line, with a
-`TornLineWarning`; a bad line anywhere else is a `DamagedRunFile` error naming the file and the line.
+`TornLineWarning`; a bad line anywhere else, a line that is not an object or lacks a field every reader needs
+(`METRICS_FIELDS`, `EVENTS_FIELDS`), and a file that cannot be read are a `DamagedRunFile` error naming the file
+(and the line).
 
 JSON has no NaN or infinities: `to_json` writes non-finite floats as the strings "nan", "inf", "-inf"
 and `from_json` turns them back into floats, at any depth (lists of κ, nested dicts). Every file here
@@ -28,7 +31,7 @@ import json
 import math
 import os
 import warnings
-from typing import Any, Callable, Iterable, TextIO
+from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
 
 import ml_collections
 
@@ -36,6 +39,17 @@ from fedpsa_jax import run_identity
 from fedpsa_jax.errors import ConfigError, DamagedRunFile, OutputWriteError, is_disk_full
 
 CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, EVENTS_FILE = "config.json", "summary.json", "metrics.jsonl", "events.jsonl"
+CHECKPOINTS_DIR, CORRUPT_CHECKPOINTS_DIR = "checkpoints", "checkpoints_corrupt"  # (checkpoint.CheckpointStore's)
+LOCK_FILE = ".lock"  # one lock file per directory, whoever claims it (a run or a sweep)
+# What a run directory holds, by kind. An entry of the other kind (a folder where metrics.jsonl belongs, a file
+# where checkpoints/ belongs) is refused before anything is read or written (`check_run_entries`): a run
+# would otherwise start over beside what it cannot read, or fail half-way with its outputs cut back.
+RUN_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, EVENTS_FILE, LOCK_FILE)
+RUN_DIRS = (CHECKPOINTS_DIR, CORRUPT_CHECKPOINTS_DIR)
+# The fields of a metrics.jsonl line that every reader draws with (a learning curve: accuracy against days),
+# and the types their values may have; every evaluation writes them (`sim.runner`), with more.
+METRICS_FIELDS = {"day": (int, float), "test_accuracy": (int, float)}
+EVENTS_FIELDS = {"type": (str,)}  # 'update' or 'round'
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
@@ -85,33 +99,76 @@ def write_json_atomic(path: str, obj: Any) -> None:
     raise
 
 
+@contextlib.contextmanager
+def _reading(path: str | os.PathLike) -> Iterator[None]:
+  """Turns an OSError while reading `path` (a directory where a file belongs, no permission) into a
+  DamagedRunFile naming it."""
+  try:
+    yield
+  except OSError as err:
+    raise DamagedRunFile(f"{os.fspath(path)} cannot be read ({err.strerror or err}); allowed: a file this user "
+                         "can read, as a run writes it") from None
+
+
 def read_json(path: str | os.PathLike) -> Any:
-  """A JSON file decoded with `from_json`."""
-  with open(path) as f:
-    return from_json(json.load(f))
+  """A JSON file decoded with `from_json`; DamagedRunFile when it cannot be read or is not JSON."""
+  with _reading(path), open(path) as f:
+    try:
+      return from_json(json.load(f))
+    except ValueError as err:
+      raise DamagedRunFile(f"{os.fspath(path)} is not valid JSON ({err})") from None
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
+def read_json_object(path: str | os.PathLike, what: str) -> dict:
+  """`read_json` of a file that must hold one JSON object (summary.json, sweep.json); DamagedRunFile naming
+  the file and `what` it should be otherwise."""
+  value = read_json(path)
+  if not isinstance(value, dict):
+    raise DamagedRunFile(f"{os.fspath(path)} holds a JSON {_json_kind(value)}, not an object; allowed: {what}")
+  return value
+
+
+def _json_kind(value: Any) -> str:
+  return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
+
+
+def read_jsonl(path: str | os.PathLike, required: Mapping[str, tuple[type, ...]] | None = None) -> list[dict]:
   """The records of a JSON-lines file decoded with `from_json`; [] when it does not exist.
 
   A last line that is not JSON is torn (a run killed while writing it, or a copy of a run still going):
-  it is skipped with a TornLineWarning. A bad line before the last raises DamagedRunFile naming the file
-  and the line (that is not what an interrupted write leaves)."""
+  it is skipped with a TornLineWarning. A bad line before the last, a line that is JSON but not an object,
+  or an object without one of the `required` fields ({name: the types its value may have}) raises
+  DamagedRunFile naming the file and the line (none of them is what an interrupted write leaves)."""
   if not os.path.exists(path):
     return []
-  with open(path, encoding="utf-8", errors="replace") as f:
+  with _reading(path), open(path, encoding="utf-8", errors="replace") as f:
     lines = [(number, line) for number, line in enumerate(f, 1) if line.strip()]
   records = []
+  required = dict(required or {})
+  allowed = "one JSON object per line" + (f" with the fields {', '.join(required)}" if required else "")
   for i, (number, line) in enumerate(lines):
     try:
-      records.append(from_json(json.loads(line)))
+      record = from_json(json.loads(line))
     except ValueError as err:
       if i == len(lines) - 1:
         warnings.warn(f"{os.fspath(path)}: its last line (line {number}) is incomplete, as a run stopped while "
                       "writing it leaves it; read without it", TornLineWarning, stacklevel=2)
         break
-      raise DamagedRunFile(f"{os.fspath(path)}: line {number} is not valid JSON ({err}); allowed: one JSON "
-                           "object per line (only the last line may be incomplete)") from None
+      raise DamagedRunFile(f"{os.fspath(path)}: line {number} is not valid JSON ({err}); allowed: {allowed} "
+                           "(only the last line may be incomplete)") from None
+    if not isinstance(record, dict):
+      raise DamagedRunFile(f"{os.fspath(path)}: line {number} is a JSON {_json_kind(record)}, not an object; "
+                           f"allowed: {allowed}")
+    missing = [name for name in required if name not in record]
+    if missing:
+      raise DamagedRunFile(f"{os.fspath(path)}: line {number} lacks the field(s) {', '.join(missing)}; allowed: "
+                           f"{allowed}, as a run writes it")
+    wrong = [f"{name}={record[name]!r}" for name, types in required.items()
+             if not isinstance(record[name], types) or isinstance(record[name], bool)]
+    if wrong:
+      raise DamagedRunFile(f"{os.fspath(path)}: line {number} has {', '.join(wrong)}, a value of the wrong type; "
+                           f"allowed: {allowed}, as a run writes them")
+    records.append(record)
   return records
 
 
@@ -135,29 +192,37 @@ class RunRecord:
 
 
 def read_config(run_dir: str | os.PathLike) -> dict | None:
-  """config.json as written (JSON form, comparable with `config_json`), or None when absent. A damaged
-  file raises ValueError (OSError when unreadable)."""
+  """config.json as written (JSON form, comparable with `config_json`), or None when absent. A file that
+  cannot be read or is not a JSON object raises DamagedRunFile (a ValueError)."""
   path = os.path.join(run_dir, CONFIG_FILE)
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  with _reading(path), open(path) as f:
+    try:
+      config = json.load(f)
+    except ValueError as err:
+      raise DamagedRunFile(f"{path} is not valid JSON ({err})") from None
+  if not isinstance(config, dict):
+    raise DamagedRunFile(f"{path} holds a JSON {_json_kind(config)}, not an object; allowed: a run's config")
+  return config
 
 
 def read_summary(run_dir: str | os.PathLike) -> dict | None:
-  """summary.json with its non-finite numbers restored, or None when absent."""
+  """summary.json with its non-finite numbers restored, or None when absent; DamagedRunFile when it is not
+  a JSON object."""
   path = os.path.join(run_dir, SUMMARY_FILE)
-  return read_json(path) if os.path.exists(path) else None
+  return read_json_object(path, "a run's summary, as a run writes it") if os.path.exists(path) else None
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
-  """metrics.jsonl: one record per evaluation."""
-  return read_jsonl(os.path.join(run_dir, METRICS_FILE))
+  """metrics.jsonl: one record per evaluation, each with at least `METRICS_FIELDS`."""
+  return read_jsonl(os.path.join(run_dir, METRICS_FILE), METRICS_FIELDS)
 
 
 def read_events(run_dir: str | os.PathLike) -> list[dict]:
-  """events.jsonl: one record per received update (and per round); [] unless the run wrote events."""
-  return read_jsonl(os.path.join(run_dir, EVENTS_FILE))
+  """events.jsonl: one record per received update (and per round), each with its `type`; [] unless the run
+  wrote events."""
+  return read_jsonl(os.path.join(run_dir, EVENTS_FILE), EVENTS_FIELDS)
 
 
 def read_run(run_dir: str | os.PathLike, events: bool = True) -> RunRecord:
@@ -167,11 +232,31 @@ def read_run(run_dir: str | os.PathLike, events: bool = True) -> RunRecord:
                    read_events(run_dir) if events else [])
 
 
+def check_run_entries(path: str) -> None:
+  """ConfigError, before anything in it is read or written, when the run directory `path` holds one of a run's
+  entries (`RUN_FILES`, `RUN_DIRS`) as the other kind (a directory where a run writes a file, a file where it
+  keeps a directory, or neither) or as one this user cannot read and write."""
+  for name, want_dir in [(n, False) for n in RUN_FILES] + [(n, True) for n in RUN_DIRS]:
+    entry = os.path.join(path, name)
+    if not os.path.lexists(entry):
+      continue
+    want = "a directory" if want_dir else "a file"
+    have = ("a directory" if os.path.isdir(entry) else "a file" if os.path.isfile(entry)
+            else "neither a file nor a directory")
+    if have != want:
+      raise ConfigError(f"--workdir={path!r} holds {name} as {have}, where a run keeps {want}; allowed: a run "
+                        f"directory as a run leaves it (move {entry!r} away), or another --workdir")
+    if not os.access(entry, os.R_OK | os.W_OK | (os.X_OK if want_dir else 0)):
+      raise ConfigError(f"--workdir={path!r} holds {name}, which this user cannot read and write; allowed: a run "
+                        f"directory this user can read and write (give it access to {entry!r}), or another --workdir")
+
+
 def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
   """Raises ConfigError, before any work, when `path` cannot be a run directory for `config`:
-  it cannot be created or written, or it holds config.json of another run (`run_identity.identity_differences`:
-  a difference in a shared field or in the method's own section). Creates the directory; returns whether
-  it had to."""
+  it cannot be created or written, it holds an entry of a run of the wrong kind or one this user cannot
+  read and write (`check_run_entries`), or it holds config.json of another run
+  (`run_identity.identity_differences`: a difference in a shared field or in the method's own section).
+  Creates the directory; returns whether it had to."""
   created = not os.path.isdir(path)
   try:
     os.makedirs(path, exist_ok=True)
@@ -185,6 +270,7 @@ def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
     raise ConfigError(
         f"--workdir={path!r} is not writable ({err.strerror or err}); allowed: a directory this user can "
         "create and write") from None
+  check_run_entries(path)
   try:
     saved = read_config(path)
   except (OSError, ValueError) as err:
@@ -207,16 +293,16 @@ def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
   return created
 
 
-LOCK_FILE = ".lock"  # one lock file per directory, whoever claims it (a run or a sweep)
-
-
 def claim(lock_path: str, owner: str, refusal: Callable[[str], str]) -> TextIO:
   """Claims a directory by an exclusive `flock` on its lock file `lock_path`, and writes `owner` into it for
   whoever is refused next. The claim lasts while the returned file is open: closing it releases it, and so
   does the process's death, even by SIGKILL (the OS drops the lock), so a claim is never left stale.
   ConfigError(`refusal(holder)`) at once, without waiting, when another process (or another open claim)
   holds it; `holder` is what that claimant wrote ('unknown' if nothing)."""
-  f = open(lock_path, "a+")
+  try:
+    f = open(lock_path, "a+")
+  except OSError as err:  # (a directory where the lock file belongs is refused earlier: `check_run_entries`)
+    raise OutputWriteError.of(err, lock_path) from None
   try:
     fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
   except OSError:
@@ -229,8 +315,11 @@ def claim(lock_path: str, owner: str, refusal: Callable[[str], str]) -> TextIO:
     f.truncate()
     f.write(owner + "\n")
     f.flush()
-  except BaseException:
-    f.close()  # (releases the flock)
+  except BaseException as err:
+    with contextlib.suppress(OSError):  # (closing flushes what could not be written, and fails again)
+      f.close()  # (releases the flock)
+    if isinstance(err, OSError):  # (a full disk)
+      raise OutputWriteError.of(err, lock_path) from None
     raise
   return f
 
@@ -267,10 +356,14 @@ class RunDir:
     f.flush()
 
   def sync(self) -> None:
-    """Flushes and fsyncs every open output, so that what a checkpoint records is on disk."""
+    """Flushes and fsyncs every open output, so that what a checkpoint records is on disk; OutputWriteError
+    naming the output that fails."""
     for f in self._files.values():
-      f.flush()
-      os.fsync(f.fileno())
+      try:
+        f.flush()
+        os.fsync(f.fileno())
+      except OSError as err:
+        raise OutputWriteError.of(err, f.name) from None
 
   def size(self, name: str) -> int:
     """The byte size of output `name` (0 when absent), after flushing it."""

@@ -71,7 +71,7 @@ def parse_arg(arg: str | None, **spec: Any) -> tuple[ml_collections.ConfigDict, 
   """A paper config's `:arg` (`config.parse_arg`): the options `smoke` and `seeds=K` (each member
   repeated with seeds 0..K-1), the config's own options `spec` (Table 6's `temps`), and `field=value`
   overrides of the base run config. Returns (options, overrides)."""
-  return config_lib.parse_arg(arg, smoke=False, seeds=(1, integer(ge=1)), **spec)
+  return config_lib.parse_arg(arg, smoke=False, seeds=(1, integer(ge=1, le=sweep.MAX_SEEDS)), **spec)
 
 
 def seeds(options: ml_collections.ConfigDict) -> list[int]:

@@ -36,7 +36,7 @@ from typing import Any
 
 import pandas as pd
 
-from fedpsa_jax import figures, io
+from fedpsa_jax import errors, figures, io
 from fedpsa_jax import report_lib
 from fedpsa_jax import sweep as sweep_lib
 from fedpsa_jax.report_lib import ReportError, ReportKind, SweepReport
@@ -156,11 +156,18 @@ def run_report(run_dir: str) -> list[str]:
 
 
 def build(workdir: str) -> list[str]:
-  """The report of a sweep directory or a run directory (module docstring); the paths written."""
-  if os.path.exists(os.path.join(workdir, sweep_lib.SWEEP_FILE)):
-    return sweep_report(workdir)
-  if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
-    return run_report(workdir)
+  """The report of a sweep directory or a run directory (module docstring); the paths written.
+
+  A file of the directory that cannot be read, or is not what a run or sweep writes, is an
+  `errors.DamagedRunFile` naming it (the readers in `io`); a report file that cannot be written (a
+  read-only or full file system) an `errors.OutputWriteError`."""
+  try:
+    if os.path.exists(os.path.join(workdir, sweep_lib.SWEEP_FILE)):
+      return sweep_report(workdir)
+    if os.path.exists(os.path.join(workdir, io.METRICS_FILE)):
+      return run_report(workdir)
+  except OSError as err:  # (reading raises DamagedRunFile: what is left is writing the report)
+    raise errors.OutputWriteError.of(err, err.filename or os.path.join(workdir, REPORT_DIR)) from None
   raise ReportError(f"--workdir={workdir!r} is neither a sweep directory (no {sweep_lib.SWEEP_FILE}) nor a run "
                     "directory (no metrics.jsonl); allowed: the --workdir of a --mode=sweep or of a run")
 

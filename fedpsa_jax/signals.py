@@ -1,8 +1,11 @@
 """SIGINT and SIGTERM stop a run cleanly, and never cut a checkpoint in half.
 
-`handle_signals()` makes both signals raise `errors.Interrupted` in the main thread, so the run unwinds
-(summary written with status `interrupted`, files closed, the workdir lock released) and the command line
-turns the exception into its exit code (130 / 143). `deferred_signals()` holds a signal back while
+`handle_signals()` makes the first of these signals raise `errors.Interrupted` in the main thread, so the run
+unwinds (summary written with status `interrupted`, files closed, the workdir lock released) and the command
+line turns the exception into its exit code (130 / 143); a second one while it stops (an impatient Ctrl-C, a
+scheduler's SIGTERM after it) is dropped, so the stop completes and the exit code stays the first signal's.
+`exit_on_signal(code)`, once the exit code is known, makes a later signal end the process at once with that
+code (not a traceback from the interpreter's clean-up). `deferred_signals()` holds a signal back while
 something that must not be cut (a checkpoint write) finishes, then delivers it: a signal is never lost,
 and never lands half-way through a checkpoint.
 
@@ -13,7 +16,9 @@ A module of its own, standard library only, because the simulator's recorder and
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 from typing import Any, Iterator
 
@@ -22,15 +27,41 @@ from fedpsa_jax import errors
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _raise_interrupted(signum: int, frame: Any) -> None:
-  del frame
-  raise errors.Interrupted(signum)
+class _FirstSignalStops:
+  """The handler `handle_signals` installs: the first signal raises `errors.Interrupted`; any later one is
+  dropped (the run is already stopping, and the exit code is the first signal's)."""
+
+  def __init__(self):
+    self.received: int | None = None  # the first signal
+
+  def __call__(self, signum: int, frame: Any) -> None:
+    del frame
+    if self.received is None:
+      self.received = signum
+      raise errors.Interrupted(signum)
 
 
 def handle_signals() -> None:
-  """SIGINT and SIGTERM raise `errors.Interrupted` in the main thread from now on (main thread only)."""
+  """From now on the first SIGINT or SIGTERM raises `errors.Interrupted` in the main thread, and later ones
+  are dropped (main thread only)."""
+  handler = _FirstSignalStops()
   for signum in SIGNALS:
-    signal.signal(signum, _raise_interrupted)
+    signal.signal(signum, handler)
+
+
+def exit_on_signal(code: int) -> None:
+  """From now on (the program is exiting with `code`) SIGINT and SIGTERM end the process at once with `code`,
+  stdout and stderr flushed: nothing is left to save, and a signal inside the interpreter's clean-up (JAX's
+  atexit hooks) would otherwise print a traceback there (main thread only)."""
+  def handler(signum: int, frame: Any) -> None:
+    del signum, frame
+    for stream in (sys.stdout, sys.stderr):
+      with contextlib.suppress(Exception):
+        stream.flush()
+    os._exit(code)
+
+  for signum in SIGNALS:
+    signal.signal(signum, handler)
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ import contextlib
 import copy
 import dataclasses
 import itertools
+import math
 import os
 import re
 import time
@@ -42,13 +43,19 @@ import ml_collections
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, run_identity
 from fedpsa_jax.data import fingerprint
-from fedpsa_jax.errors import ConfigError
+from fedpsa_jax.errors import ConfigError, DamagedRunFile, OutputWriteError, is_disk_full
+from fedpsa_jax.validation import INT64_MAX
 
 SWEEP_FILE = "sweep.json"
 LOCK_FILE = io.LOCK_FILE
 RUNS_DIR = "runs"
 EXECUTORS = ("local", "ray")
 _LABEL = re.compile(r"^[A-Za-z0-9._+-]+$")  # labels become directory names: keep them portable
+# Every member is a full run (minutes to days) expanded, validated and listed in sweep.json before the first
+# one starts: beyond these counts a sweep is a typo (`seeds=1e9`), refused before anything is expanded. The
+# paper's largest grid (Table 1) has 120 members per seed.
+MAX_SEEDS = 1_000
+MAX_MEMBERS = 10_000
 
 Axis = tuple[str, Sequence[tuple[Any, dict[str, Any]]]]
 
@@ -95,9 +102,17 @@ def expand(sweep: ml_collections.ConfigDict) -> list[Member]:
   parts = [(label, [("part", [(label, {})]), *axes, *[(str(n), list(v)) for n, v in more]])
            for label, more in sweep.get("parts", [])] or [(None, axes)]
   excludes = [dict(e) for e in sweep.get("exclude", [])]
-  seeds = list(sweep.seeds)
-  if not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
-    raise ConfigError(f"sweep seeds={seeds!r} is invalid; allowed: a non-empty list of integers >= 0")
+  seeds = sweep.seeds
+  if (not isinstance(seeds, (list, tuple)) or not 1 <= len(seeds) <= MAX_SEEDS
+      or not all(isinstance(s, int) and 0 <= s <= INT64_MAX for s in seeds)):
+    shown = seeds if not isinstance(seeds, (list, tuple)) or len(seeds) <= 10 else f"[{len(seeds)} seeds]"
+    raise ConfigError(f"sweep seeds={shown!r} is invalid; allowed: a list of 1 to {MAX_SEEDS:,} integers in "
+                      f"[0, {INT64_MAX}]")
+  seeds = list(seeds)
+  count = sum(math.prod(len(values) for _, values in part_axes) for _, part_axes in parts) * len(seeds)
+  if count > MAX_MEMBERS:  # (before the members are expanded; excluded ones counted too)
+    raise ConfigError(f"sweep {sweep.name!r} has {count:,} members ({len(seeds)} seeds); allowed: at most "
+                      f"{MAX_MEMBERS:,} (fewer seeds or axis values, or several sweeps)")
   members, names = [], set()
   combos = [(part_axes, combo) for _, part_axes in parts
             for combo in itertools.product(*(values for _, values in part_axes))]
@@ -136,10 +151,14 @@ def member_dir(sweep_dir: str, member: Member | str) -> str:
 
 
 def write_sweep_json(sweep: ml_collections.ConfigDict, members: Sequence[Member], sweep_dir: str) -> str:
-  """SWEEP_DIR/sweep.json: the sweep config (its base as config.json holds a run config) and members."""
-  os.makedirs(os.path.join(sweep_dir, RUNS_DIR), exist_ok=True)
+  """SWEEP_DIR/sweep.json: the sweep config (its base as config.json holds a run config) and members.
+  OutputWriteError when it cannot be written (a full disk)."""
   path = os.path.join(sweep_dir, SWEEP_FILE)
-  io.write_json_atomic(path, {"sweep": io.config_json(sweep), "members": [m.as_json() for m in members]})
+  try:
+    os.makedirs(os.path.join(sweep_dir, RUNS_DIR), exist_ok=True)
+    io.write_json_atomic(path, {"sweep": io.config_json(sweep), "members": [m.as_json() for m in members]})
+  except OSError as err:
+    raise OutputWriteError.of(err, err.filename or path) from None
   return path
 
 
@@ -148,7 +167,10 @@ def locked(sweep_dir: str, name: str = "") -> Iterator[None]:
   """Holds SWEEP_DIR/.lock inside the block: the sweep's claim on its directory (`io.claim`, the claim a
   run's `io.RunDir.lock` takes too). ConfigError at once if another sweep (or a run) holds it: two sweeps
   writing sweep.json and running the same members into the same run directories would collide."""
-  os.makedirs(sweep_dir, exist_ok=True)
+  try:
+    os.makedirs(sweep_dir, exist_ok=True)
+  except OSError as err:
+    raise OutputWriteError.of(err, sweep_dir) from None
   owner = f"sweep {name}, pid {os.getpid()}" if name else f"sweep, pid {os.getpid()}"
   f = io.claim(os.path.join(sweep_dir, LOCK_FILE), owner, lambda holder: (
       f"--workdir={sweep_dir!r} is in use by another sweep or run ({holder}); allowed: a sweep directory no "
@@ -161,8 +183,22 @@ def locked(sweep_dir: str, name: str = "") -> Iterator[None]:
 
 
 def read_sweep_json(sweep_dir: str) -> dict[str, Any]:
-  """SWEEP_DIR/sweep.json: {'sweep': the sweep config, 'members': [{name, labels, overrides}]}."""
-  return io.read_json(os.path.join(sweep_dir, SWEEP_FILE))
+  """SWEEP_DIR/sweep.json: {'sweep': the sweep config, 'members': [{name, labels, overrides}]}; DamagedRunFile
+  naming what is missing when the file is not one `write_sweep_json` wrote (another tool's sweep.json)."""
+  path = os.path.join(sweep_dir, SWEEP_FILE)
+  contract = ("a sweep.json as --mode=sweep writes it: an object with 'sweep' (the sweep config: name, axes, ...) "
+              "and 'members' (a list of objects with a 'name' and 'labels')")
+  saved = io.read_json_object(path, contract)
+  sweep, members = saved.get("sweep"), saved.get("members")
+  problem = ("its 'sweep' is not an object with 'name' and a list 'axes'"
+             if not (isinstance(sweep, dict) and "name" in sweep and isinstance(sweep.get("axes"), list)) else
+             "its 'members' is not a list of objects with a string 'name' and an object 'labels'"
+             if not (isinstance(members, list) and all(isinstance(m, dict) and isinstance(m.get("name"), str)
+                                                        and isinstance(m.get("labels"), dict) for m in members)) else
+             None)
+  if problem:
+    raise DamagedRunFile(f"{path}: {problem}; allowed: {contract}")
+  return saved
 
 
 def is_done(config_json: dict[str, Any], run_dir: str) -> bool:
@@ -215,6 +251,12 @@ def run_member(config_json: dict[str, Any], run_dir: str, compilation_cache: str
   return {**io.read_summary(run_dir), "sweep_action": "ran"}
 
 
+def _stop_if_disk_full(err: BaseException, run_dir: str) -> None:
+  """Raises the OutputWriteError of a member that failed on a full disk (or quota): the sweep stops there."""
+  if is_disk_full(err):
+    raise OutputWriteError.of(err, getattr(err, "filename", None) or run_dir) from None
+
+
 def _failure(member: Member, err: BaseException) -> dict[str, Any]:
   return {"status": "failed", "sweep_action": "failed", "error": f"{type(err).__name__}: {err}", "member": member.name}
 
@@ -223,8 +265,9 @@ def run_local(sweep: ml_collections.ConfigDict, sweep_dir: str, log: Callable[[s
               compilation_cache: str | None = None) -> dict[str, dict]:
   """Runs every member one after another in this process; {member name: summary}.
 
-  A member that raises an Exception is recorded as failed and the sweep goes on; an interruption
-  (KeyboardInterrupt) stops it, and rerunning resumes (finished members are skipped)."""
+  A member that raises an Exception is recorded as failed and the sweep goes on, except on a full disk (every
+  member after it would fail alike): that stops the sweep with the member's OutputWriteError, as an
+  interruption (KeyboardInterrupt) does; rerunning resumes (finished members are skipped)."""
   members = expand(sweep)
   with locked(sweep_dir, sweep.name):
     write_sweep_json(sweep, members, sweep_dir)
@@ -234,6 +277,7 @@ def run_local(sweep: ml_collections.ConfigDict, sweep_dir: str, log: Callable[[s
       try:
         results[m.name] = run_member(io.config_json(m.config), member_dir(sweep_dir, m), compilation_cache)
       except Exception as err:  # noqa: BLE001 — one broken member must not stop a long sweep
+        _stop_if_disk_full(err, member_dir(sweep_dir, m))
         results[m.name] = _failure(m, err)
       log(f"[{i + 1}/{len(members)}] {m.name}: {_outcome(results[m.name])} ({time.perf_counter() - start:.1f} s)")
   return results
@@ -284,6 +328,10 @@ def _run_ray_members(ray: Any, sweep: ml_collections.ConfigDict, members: Sequen
     try:
       results[m.name] = ray.get(done[0])
     except Exception as err:  # noqa: BLE001 — a failed task is one failed member (RayTaskError wraps it)
+      if is_disk_full(err):  # (the members still running would fail alike)
+        for ref in pending:
+          ray.cancel(ref)
+      _stop_if_disk_full(err, member_dir(sweep_dir, m))
       results[m.name] = _failure(m, err)
     log(f"[{len(results)}/{len(members)}] {m.name}: {_outcome(results[m.name])}")
   return {m.name: results[m.name] for m in members}

@@ -19,6 +19,9 @@ import numbers
 from typing import Any, Callable, Iterable, Sequence
 
 MISSING = object()  # what `get_field` returns for a path the config does not have
+# Every integer of a config reaches NumPy or JAX as an int64 (an array, a counter, a key); beyond it, they raise
+# OverflowError or wrap around, so `field_errors` refuses it whatever the field's own validator says.
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,14 +136,17 @@ def error(field: str, value: Any, allowed: str) -> str:
 
 
 def field_errors(config: Any, rows: Sequence[tuple[str, Validator]]) -> list[str]:
-  """One message per row `(dotted field, validator)` whose value in `config` fails its validator."""
+  """One message per row `(dotted field, validator)` whose value in `config` fails its validator, or is an
+  integer beyond int64."""
   errors = []
   for field, validator in rows:
     value = get_field(config, field)
     if value is MISSING or not validator(value):
       errors.append(error(field, value, validator.allowed))
+    elif is_integer(value) and not INT64_MIN <= value <= INT64_MAX:
+      errors.append(error(field, value, f"{validator.allowed}, within int64 (at most {INT64_MAX})"))
   return errors
 
 
-__all__ = ["MISSING", "Validator", "boolean", "error", "field_errors", "get_field", "integer", "is_integer",
-           "is_number", "number", "one_of", "sequence_of"]
+__all__ = ["INT64_MAX", "INT64_MIN", "MISSING", "Validator", "boolean", "error", "field_errors", "get_field", "integer",
+           "is_integer", "is_number", "number", "one_of", "sequence_of"]

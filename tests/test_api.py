@@ -111,6 +111,16 @@ def test_run_copies_the_config_validates_it_and_can_stay_in_memory(tmp_path):
     fj.run(fj.config_from(c, alpha=-1.0), progress=False)
 
 
+@pytest.mark.parametrize("wrong", ["configs/default.py", {"method": "fedbuff"}])
+def test_run_and_simulate_of_something_else_than_a_config_name_config_from(wrong, tmp_path):
+  for entry in (fj.run, fj.simulate):
+    with pytest.raises(TypeError, match=rf"^{entry.__name__}\(config=...\) takes a ConfigDict, not "
+                       rf"{type(wrong).__name__} .*allowed: a config built with config_from, e\.g\. "
+                       rf"{entry.__name__}\(config_from\('configs/default.py'\)\)$"):
+      entry(wrong, str(tmp_path / "run"), progress=False)
+  assert not os.path.exists(tmp_path / "run")
+
+
 def test_load_run_round_trips(runs, tmp_path):
   fedpsa, _ = runs
   loaded = fj.load_run(fedpsa.workdir)
@@ -177,6 +187,13 @@ def test_simulate_steps_exposes_state_and_finishes_like_run(runs):
   assert ex.evaluate()["test_accuracy"] > 0.2
   assert "Explorer('fedpsa'" in repr(ex.run_until(0.012))
   assert ex.day == pytest.approx(0.012, abs=1 / 86400) and ex.history.day.max() <= 0.012
+  ex.run_until(0.001)  # a day already passed: the clock never goes back
+  assert ex.day == pytest.approx(0.012, abs=1 / 86400)
+  with pytest.raises(ValueError, match=r"run_until\(day=nan\) is invalid; allowed: a number of virtual days \(capped "
+                     r"at the budget, 0\.02; math\.inf: to its end\)"):
+    ex.run_until(math.nan)
+  ex.run_until(math.inf)  # capped at the budget, as the docstring says
+  assert ex.day == 0.02  # (the evaluation at the budget itself is finish()'s)
   result = ex.finish()
   assert ex.finish() is result and result.summary["status"] == "completed"
   # Stepping changes nothing: the same numbers as one uninterrupted run of the same config.

@@ -14,15 +14,18 @@ uninterrupted run ("exactly" = bitwise on the same backend, apart from the timin
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import functools
 import json
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -460,16 +463,23 @@ def test_a_one_digit_edit_of_the_round_counter_is_caught(finished_run, tmp_path)
   assert outputs(tmp_path / "whole") == whole
 
 
-@pytest.mark.parametrize("written", ["fedpsa-jax-checkpoint/1", "fedpsa-jax-checkpoint/2"])
-def test_a_checkpoint_in_an_older_format_is_refused_and_left_as_it_is(finished_run, tmp_path, written):
-  """One format is read: an older checkpoint (intact, its digest resealed) is refused with the format named,
-  not set aside and not started over (that would discard the run's metrics); the run directory is unchanged."""
+@pytest.mark.parametrize("written,digest", [("fedpsa-jax-checkpoint/1", "resealed"),
+                                            ("fedpsa-jax-checkpoint/1", "deleted"),
+                                            ("fedpsa-jax-checkpoint/2", "resealed")])
+def test_a_checkpoint_in_an_older_format_is_refused_and_left_as_it_is(finished_run, tmp_path, written, digest):
+  """One format is read: an older checkpoint (intact, its digest resealed, or deleted as /1 had none) is
+  refused with the format named, not set aside and not started over (that would discard the run's metrics);
+  the run directory is unchanged."""
   c, whole = finished_run
   steps, meta_path = newest_meta(tmp_path / "whole")
   meta = json.loads(open(meta_path).read())
   meta["format"] = written
   open(meta_path, "w").write(json.dumps(meta))
   reseal(meta_path)
+  if digest == "deleted":
+    meta = json.loads(open(meta_path).read())
+    del meta["sha256"]
+    open(meta_path, "w").write(json.dumps(meta))
   with pytest.raises(checkpoint.IncompatibleCheckpoint,
                      match=rf"written in the format '{written}' and this code reads '{checkpoint.FORMAT}' only; "
                      "run the code version that wrote it"):
@@ -515,3 +525,55 @@ def test_metrics_shorter_than_the_newest_checkpoint_fall_back_to_one_that_fits(d
   assert outputs(path) == whole
   # The checkpoints that did not fit were set aside, so they can never be mistaken for this run's again.
   assert len(os.listdir(path / "checkpoints_corrupt")) == (1 if damage == "cut" else 2)
+
+
+# --- what orbax and tensorstore print from their threads when a write fails -------------------------------
+
+
+def test_orbax_background_tracebacks_are_dropped_and_its_warnings_kept():
+  """A write that fails in orbax's threads (a full disk) is logged by each of them with its traceback, and
+  raised again by the save that waits for them, which the run reports in one line: the log records are
+  dropped; orbax's warnings, its errors without a traceback and every other library's records are kept."""
+  quiet = checkpoint._QuietOrbax()
+  orbax_file = os.path.join("site-packages", "orbax", "checkpoint", "_src", "futures", "future.py")
+
+  def record(level, path, exc_info=None):
+    return logging.LogRecord("absl", level, path, 387, "raised an exception: %s", ("ENOSPC",), exc_info)
+
+  try:
+    raise ValueError("RESOURCE_EXHAUSTED: No space left on device")
+  except ValueError:
+    failure = sys.exc_info()
+  assert not quiet.filter(record(logging.ERROR, orbax_file, failure))
+  assert not quiet.filter(record(logging.INFO, orbax_file))
+  assert quiet.filter(record(logging.WARNING, orbax_file)) and quiet.filter(record(logging.ERROR, orbax_file))
+  assert quiet.filter(record(logging.ERROR, os.path.join("fedpsa_jax", "sim", "runner.py"), failure))
+
+
+def test_tensorstore_callbacks_into_a_closed_loop_are_not_printed(monkeypatch):
+  """tensorstore runs `loop.call_soon_threadsafe` when a write ends, into a failed save's event loop that is
+  already closed, and reports the RuntimeError through sys.unraisablehook (a traceback each): that one is
+  dropped, anything else reaches the hook as before."""
+  seen = []
+  hook = checkpoint._unraisablehook_without_closed_loop_callbacks(lambda unraisable: seen.append(unraisable.exc_value))
+
+  def report(exc_info):
+    hook(types.SimpleNamespace(exc_type=exc_info[0], exc_value=exc_info[1], exc_traceback=exc_info[2],
+                               err_msg=None, object=None))
+
+  loop = asyncio.new_event_loop()
+  loop.close()
+  try:
+    loop.call_soon_threadsafe(print)
+  except RuntimeError:
+    report(sys.exc_info())
+  try:
+    raise RuntimeError("Event loop is closed")  # (the same words from elsewhere: not the callback's)
+  except RuntimeError:
+    report(sys.exc_info())
+  assert [str(e) for e in seen] == ["Event loop is closed"]
+  monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)  # (restored after the test)
+  checkpoint._orbax()  # (installs the hook in front of the interpreter's, once)
+  wrapped = sys.unraisablehook
+  checkpoint._orbax()
+  assert sys.unraisablehook is wrapped and wrapped.quiets_closed_loop_callbacks

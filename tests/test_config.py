@@ -70,6 +70,9 @@ BAD = [
     ("sim.virtual_days", 1e300),  # x 86,400 units
     ("eval.every_days", 1e300),
     ("checkpoint.every_days", 1e300),
+    ("checkpoint.every_days", 1e-9),  # rounds to 0 units, which would mean 'only at the end'
+    # Work beyond any client update (epochs visit at least one sample each).
+    ("local.epochs", 2**22 + 1),
     # Beyond what memory holds (an out-of-memory error once the run is built or the first client returns).
     ("fedpsa.sketch_dim", 4097),
     ("fedpsa.calibration_size", 65_537),
@@ -127,7 +130,7 @@ def test_a_tfds_name_or_a_usable_path_passes(tmp_path):
 @pytest.mark.parametrize("path,value,method", [
     ("fedbuff.buffer_size", 100, "fedbuff"), ("fedbuff.server_lr", 0.0, "fedbuff"),
     ("fedasync.staleness", "exponential", "fedasync"), ("fedasync.alpha", 0.0, "fedasync"),
-    ("fedasync.prox_mu", -1.0, "fedasync")])
+    ("fedasync.prox_mu", -1.0, "fedasync"), ("casa.buffer_budget", 2**63, "casa")])
 def test_bad_method_field_is_rejected(path, value, method):
   with pytest.raises(ValueError, match=path.replace(".", r"\.") + "="):
     config_lib.validate(with_value(path, value, method))
@@ -223,6 +226,38 @@ def test_fedpsa_refuses_bounds_of_the_model_and_data_before_any_training():
                      r"\[1, 161\]"):
     runner.Simulation(c)
   runner.Simulation(small_config("fedbuff", model="mnist_cnn", fedpsa__sketch_dim=4096)).close()  # not FedBuff's business
+
+
+def test_a_checkpoint_interval_of_at_least_one_time_unit_or_none():
+  """checkpoint.every_days is counted in whole units of 1/86,400 day: 0 is 'only at the end', and an interval
+  that would round to 0 units is refused rather than read as that."""
+  for days in (0, 1 / 86_400, 0.01):
+    assert config_lib.config_errors(with_value("checkpoint.every_days", days)) == []
+  (message,) = config_lib.config_errors(with_value("checkpoint.every_days", 0.99 / 86_400))
+  assert message.startswith("checkpoint.every_days=1.1458333333333333e-05 is invalid; allowed: 0 (checkpoint only "
+                            "at the end) or a number in [1/86,400, 100000000000000]")
+
+
+def test_the_work_of_a_client_update_is_bounded_by_the_data():
+  """A batch of local.batch_size (or eval.batch_size) float32 samples must fit in 1 GiB, and a client update
+  visits at most 2**22 samples: local.epochs x the largest client's samples."""
+  sizes = config_lib.DataSizes(train=4500, test=500, sample_bytes=28 * 28 * 4)  # MNIST images
+  largest_batch = 2**30 // (28 * 28 * 4)  # 342,392
+  c = config_lib.set_fields(config_lib.base_config(), {"local.batch_size": largest_batch,
+                                                       "eval.batch_size": largest_batch})
+  assert config_lib.data_errors(c, sizes) == []
+  c.local.batch_size = c.eval.batch_size = largest_batch + 1
+  assert config_lib.data_errors(c, sizes) == [
+      f"{field}=342393 is invalid; allowed: an integer in [1, 342,392] with data.name='mnist_5k' (a batch of that many "
+      "samples of 3,136 bytes each must fit in 1 GiB)" for field in ("local.batch_size", "eval.batch_size")]
+  c.local.epochs = 2**22 // 523  # 8,019 epochs of the largest client's 523 samples
+  assert config_lib.rules.federation_errors(c, largest_client=523) == []
+  c.local.epochs += 1
+  assert config_lib.rules.federation_errors(c, largest_client=523) == [
+      "local.epochs=8020 is invalid; allowed: an integer in [1, 8,019] with the largest client's 523 samples (its "
+      "update visits local.epochs x 523 samples, at most 4,194,304)"]
+  with pytest.raises(config_lib.ConfigError, match="invalid config for this dataset:\n  local.epochs=8020"):
+    config_lib.validate_data(c, sizes, largest_client=523)
 
 
 def test_a_moved_or_removed_field_gets_an_error_that_names_where_it_went():

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -159,3 +160,93 @@ def test_a_run_directory_of_an_older_schema_is_refused_naming_the_moved_fields(t
   (tmp_path / "new").mkdir()
   (tmp_path / "new" / "config.json").write_text(json.dumps(io.config_json(config)))
   io.check_workdir(str(tmp_path / "new"), config)  # the same config of this version: resumable
+
+
+# --- what a run directory must hold, and of which kind -------------------------------------------------------
+
+
+@pytest.mark.parametrize("text,problem", [
+    ('[0.0, 0.1]\n', "line 2 is a JSON array, not an object"),
+    ('{"day": 0.01}\n', "line 2 lacks the field(s) test_accuracy"),
+    ('{"test_accuracy": 0.2}\n', "line 2 lacks the field(s) day"),
+    ('{"day": "later", "test_accuracy": 0.2}\n', "line 2 has day='later', a value of the wrong type"),
+])
+def test_metrics_lines_that_are_json_but_not_what_a_run_writes_are_named(tmp_path, text, problem):
+  """Every reader (reports, figures, the notebook API, resume) draws a learning curve from metrics.jsonl: a
+  line that is JSON but not an evaluation record is damage, named with its file and line (not a TypeError or
+  KeyError in whoever reads it next)."""
+  run_dir = write_run(tmp_path, LINES[0] + text + LINES[1])
+  with pytest.raises(errors.DamagedRunFile) as err:
+    io.read_metrics(run_dir)
+  assert str(err.value).startswith(f"{tmp_path / 'metrics.jsonl'}: {problem}"), err.value
+  assert "allowed: one JSON object per line with the fields day, test_accuracy" in str(err.value)
+  (tmp_path / "metrics.jsonl").write_text("".join(LINES) + text)  # the last line too: JSON is never torn
+  with pytest.raises(errors.DamagedRunFile, match="line 3"):
+    io.read_metrics(run_dir)
+
+
+def test_a_summary_or_config_that_is_not_an_object_and_an_unreadable_file_are_named(tmp_path):
+  run_dir = write_run(tmp_path, "".join(LINES))
+  (tmp_path / "summary.json").write_text("[1, 2]")
+  with pytest.raises(errors.DamagedRunFile, match=r"summary.json holds a JSON array, not an object; allowed: a run's"):
+    io.read_summary(run_dir)
+  (tmp_path / "config.json").write_text('"fedpsa"')
+  with pytest.raises(errors.DamagedRunFile, match=r"config.json holds a JSON string, not an object"):
+    io.read_config(run_dir)
+  os.remove(tmp_path / "metrics.jsonl")
+  os.mkdir(tmp_path / "metrics.jsonl")
+  with pytest.raises(errors.DamagedRunFile, match=r"metrics.jsonl cannot be read \(Is a directory\)"):
+    io.read_metrics(run_dir)
+
+
+RUN_ENTRIES = [(name, "file") for name in io.RUN_FILES] + [(name, "directory") for name in io.RUN_DIRS]
+
+
+@pytest.mark.parametrize("name,kind", RUN_ENTRIES)
+def test_a_run_entry_of_the_wrong_kind_is_refused_before_anything_is_written(tmp_path, name, kind):
+  """A directory where a run writes a file, or a file where it keeps a directory, would make a rerun start over
+  beside it or fail half-way: `check_workdir` refuses it first, naming it; nothing in the directory changes."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / name).mkdir() if kind == "file" else (workdir / name).write_text("")
+  before = sorted(os.listdir(workdir))
+  other = "a directory" if kind == "file" else "a file"
+  with pytest.raises(ConfigError) as err:
+    io.check_workdir(str(workdir), small_config("fedbuff"))
+  assert str(err.value) == (f"--workdir={str(workdir)!r} holds {name} as {other}, where a run keeps a {kind}; "
+                            f"allowed: a run directory as a run leaves it (move {str(workdir / name)!r} away), or "
+                            "another --workdir")
+  assert sorted(os.listdir(workdir)) == before
+
+
+def test_a_run_entry_this_user_cannot_read_and_write_is_refused(tmp_path, monkeypatch):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "metrics.jsonl").write_text("".join(LINES))
+  real_access = os.access
+  monkeypatch.setattr(os, "access", lambda path, mode: not str(path).endswith("metrics.jsonl")
+                      and real_access(path, mode))  # (as a user other than the file's owner; root reads all)
+  with pytest.raises(ConfigError, match=r"holds metrics.jsonl, which this user cannot read and write; allowed: a "
+                     r"run directory this user can read and write"):
+    io.check_workdir(str(workdir), small_config("fedbuff"))
+
+
+def test_an_output_that_cannot_be_synced_is_named(tmp_path, monkeypatch):
+  """RunDir.sync (before a checkpoint records the outputs' positions) names the output that fails, not the
+  first one (an events.jsonl that could not be synced was reported as metrics.jsonl)."""
+  rundir = io.RunDir(str(tmp_path))
+  rundir.append(io.METRICS_FILE, [{"day": 0.0, "test_accuracy": 0.1}])
+  rundir.append(io.EVENTS_FILE, [{"type": "update"}])
+  events_fd = rundir._files[io.EVENTS_FILE].fileno()
+  real_fsync = os.fsync
+
+  def fsync(fd):
+    if fd == events_fd:
+      raise OSError(errno.EIO, "Input/output error")
+    real_fsync(fd)
+
+  monkeypatch.setattr(os, "fsync", fsync)
+  with pytest.raises(errors.OutputWriteError, match=rf"^cannot write {tmp_path / 'events.jsonl'}: Input/output error "
+                     r"\(EIO\)"):
+    rundir.sync()
+  rundir.close()

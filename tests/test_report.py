@@ -461,3 +461,83 @@ def test_one_seed_says_so_and_curves_get_a_band_with_several(tmp_path):
 def report_stats_half(values: np.ndarray) -> float:
   low, high = scipy.stats.t.interval(0.95, len(values) - 1, loc=values.mean(), scale=scipy.stats.sem(values))
   return (high - low) / 2
+
+
+# --- what the report cannot read or write: one line, exit 2 or 3 ------------------------------------------
+
+
+def _run_dir(tmp_path, metrics: str) -> str:
+  """A run directory holding a summary, a config and this metrics.jsonl text (no training)."""
+  run_dir = str(tmp_path / "run")
+  rundir = io.RunDir(run_dir)
+  rundir.write_config(small_config("fedbuff"))
+  rundir.write_summary({"status": "completed", "method": "fedbuff", "dataset": "mnist_5k"})
+  rundir.close()
+  (tmp_path / "run" / "metrics.jsonl").write_text(metrics)
+  return run_dir
+
+
+GOOD_METRICS = '{"day": 0.0, "test_accuracy": 0.1}\n{"day": 0.01, "test_accuracy": 0.3}\n'
+
+
+def _report_as_launch(workdir: str) -> tuple[int, list[str]]:
+  """What `launch.py --mode=report --workdir=WORKDIR` does: its exit code and its lines on stderr."""
+  import io as std_io
+
+  from fedpsa_jax import cli
+  from fedpsa_jax.cli import modes
+
+  stderr = std_io.StringIO()
+  return cli.exit_code_of(lambda: modes.run_report(workdir), stderr=stderr), stderr.getvalue().splitlines()
+
+
+def _foreign_sweep(tmp_path) -> str:
+  (tmp_path / "sweep.json").write_text('{"hello": "world"}')
+  return str(tmp_path)
+
+
+def _metrics(text):
+  return lambda tmp_path: _run_dir(tmp_path, text)
+
+
+def _summary_list(tmp_path) -> str:
+  run_dir = _run_dir(tmp_path, GOOD_METRICS)
+  with open(os.path.join(run_dir, "summary.json"), "w") as f:
+    f.write("[1]")
+  return run_dir
+
+
+@pytest.mark.parametrize("make,expected", [
+    (_foreign_sweep, "sweep.json: its 'sweep' is not an object with 'name' and a list 'axes'; allowed: a sweep.json as "
+     "--mode=sweep writes it"),
+    (_metrics('[1, 2]\n[3, 4]\n'), "metrics.jsonl: line 1 is a JSON array, not an object; allowed: one JSON object "
+     "per line with the fields day, test_accuracy"),
+    (_metrics('{"x": 1}\n{"x": 2}\n'), "metrics.jsonl: line 1 lacks the field(s) day, test_accuracy"),
+    (_summary_list, "summary.json holds a JSON array, not an object; allowed: a run's summary"),
+], ids=["a foreign sweep.json", "metrics lines that are not objects", "metrics lines without the fields",
+        "a summary that is not an object"])
+def test_report_on_what_it_cannot_read_is_one_line_exit_2(tmp_path, make, expected):
+  code, lines = _report_as_launch(make(tmp_path))
+  assert code == 2 and len(lines) == 1 and expected in lines[0], lines
+
+
+@pytest.mark.parametrize("err,advice", [
+    (OSError(30, "Read-only file system"), "(EROFS); the file system is read-only; allowed: a --workdir on a "
+     "writable file system"),
+    (OSError(28, "No space left on device"), "(ENOSPC); make room and rerun the same command"),
+], ids=["read-only", "full"])
+def test_report_that_cannot_be_written_is_one_line_exit_3(tmp_path, monkeypatch, err, advice):
+  """A read-only run directory (a copy from a colleague's mount) or a full disk: the report's first write
+  fails; one line naming the path and the cause, exit 3."""
+  run_dir = _run_dir(tmp_path, GOOD_METRICS)
+  out = os.path.join(run_dir, report.REPORT_DIR)
+  real_makedirs = os.makedirs
+
+  def refuse(path, *args, **kwargs):
+    if os.path.abspath(path) == out:
+      raise type(err)(err.errno, err.strerror, path)
+    return real_makedirs(path, *args, **kwargs)
+
+  monkeypatch.setattr(os, "makedirs", refuse)
+  code, lines = _report_as_launch(run_dir)
+  assert code == 3 and len(lines) == 1 and lines[0].startswith(f"cannot write {out}: {err.strerror} {advice}"), lines

@@ -60,6 +60,19 @@ def test_allowed_words_and_messages():
   assert error("x", True, "a number") == "x=True is invalid; allowed: a number"
 
 
+def test_an_integer_beyond_int64_is_refused_whatever_its_row_allows():
+  """Every config integer reaches NumPy or JAX as int64: `field_errors` refuses one beyond it even where the
+  row has no upper bound (CASA's buffer budget, a count), naming the row's own words and the bound."""
+  rows = [("budget", integer(ge=0)), ("rate", number(gt=0))]
+  assert field_errors({"budget": 2**63 - 1, "rate": 2**63 - 1}, rows) == []
+  assert field_errors({"budget": 2**63, "rate": -2**63 - 1}, rows) == [
+      "budget=9223372036854775808 is invalid; allowed: an integer >= 0, within int64 (at most 9223372036854775807)",
+      "rate=-9223372036854775809 is invalid; allowed: a number > 0"]  # (its own row refuses it first)
+  c = config_lib.set_fields(config_lib.base_config(), {"method": "casa", "casa.buffer_budget": 2**63})
+  assert config_lib.config_errors(c) == ["casa.buffer_budget=9223372036854775808 is invalid; allowed: an integer >= 0, "
+                                         "within int64 (at most 9223372036854775807)"]
+
+
 def test_config_rules_reject_a_bool_where_a_number_is_wanted():
   c = config_lib.set_fields(config_lib.base_config(), {"local.lr": True, "partition.num_clients": True},
                             typed=False)

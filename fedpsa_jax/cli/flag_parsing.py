@@ -142,10 +142,21 @@ def _flags_error_message(err: BaseException, argv: list[str], spec: str) -> str:
   return f"--config={spec}: {cli.one_line(cli.innermost_message(err))}"
 
 
+def _refuse(message: str) -> None:
+  """Bad input: `message` as one line on stderr, exit code 2."""
+  print(message, file=sys.stderr)
+  sys.exit(cli.EXIT_BAD_INPUT)
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's `flags_parser` (app.run): parses the flags and loads the config file, or prints one line on
-  stderr and exits with code 2. Returns the arguments that are not flags."""
-  spec = _config_spec(argv) or DEFAULT_CONFIG
+  stderr and exits with code 2 (a bad flag or config file, an empty `--config=`, an argument that is not a
+  flag). Returns [program], as app.run passes it to main."""
+  spec = _config_spec(argv)
+  if spec == "":
+    _refuse(f"--config= is empty; allowed: a config file such as {DEFAULT_CONFIG}[:arg] (without --config: "
+            f"{DEFAULT_CONFIG})")
+  spec = spec or DEFAULT_CONFIG
   # The config file first: ml_collections refuses a `--config.<field>` given before it, but the overrides
   # apply to the file wherever it is named.
   argv = [argv[0], f"--config={spec}", *_without_config(argv[1:])]
@@ -162,9 +173,10 @@ def parse_flags(argv: list[str]) -> list[str]:
     if not isinstance(config, ml_collections.ConfigDict):
       raise errors.ConfigError(_not_a_config(spec, config))
     _set_nones(config, argv)
-    return rest
   except Exception as err:  # noqa: BLE001 — see the module docstring: all of it is bad input
     own = isinstance(err, errors.ConfigError) and str(err).startswith(("--config=", "--config."))
-    message = cli.one_line(str(err)) if own else _flags_error_message(err, argv, spec)
-    print(message, file=sys.stderr)
-    sys.exit(cli.EXIT_BAD_INPUT)
+    _refuse(cli.one_line(str(err)) if own else _flags_error_message(err, argv, spec))
+  if len(rest) > 1:
+    _refuse(f"unexpected argument(s) {' '.join(map(repr, rest[1:]))}; allowed: flags only, such as "
+            "--config=FILE[:arg] --workdir=DIR --mode=MODE (--helpshort lists them)")
+  return rest

@@ -118,6 +118,9 @@ def run_report(workdir: str | None) -> int:
 
 def run_mode(config: ml_collections.ConfigDict, options: Options) -> int:
   """The mode `options` asks for; bad input raises a UserError (see `main`)."""
+  if options.workdir == "":  # (given, but empty: not the same as no --workdir)
+    raise config_lib.ConfigError("--workdir= is empty; allowed: a directory (without --workdir, the mode's "
+                                 "default: a new runs/<config>-<time> for a run)")
   if options.mode == "report":
     return run_report(options.workdir)
   if options.mode == "sweep":
@@ -137,12 +140,15 @@ def run_mode(config: ml_collections.ConfigDict, options: Options) -> int:
 
 
 def main(config: ml_collections.ConfigDict, options: Options) -> int:
-  """Runs the mode with SIGINT / SIGTERM handled (one line, status `interrupted`, exit 130 / 143): the
-  process's exit code. Installs signal handlers, so call it from a command line, not a notebook."""
+  """Runs the mode with SIGINT / SIGTERM handled (one line, status `interrupted`, exit 130 / 143; more signals
+  while it stops or exits change neither): the process's exit code. Installs signal handlers, so call it from
+  a command line, not a notebook."""
   signals.handle_signals()
   if not options.verbose:
     quiet_library_logs()
-  return cli.exit_code_of(lambda: run_mode(config, options))
+  code = cli.exit_code_of(lambda: run_mode(config, options))
+  signals.exit_on_signal(code)
+  return code
 
 
 # Warnings that ask nothing of a user: tfds's advice to install OpenCV for faster decoding (a split is

@@ -13,9 +13,10 @@ a config is built or validated, not on import, so `io`, `sweep` and `report` imp
 from fedpsa_jax.config.fields import (MOVED_FIELDS, OVERRIDE_ALIASES, REMOVED_FIELDS, parse_arg, set_fields,
                                      unknown_field)
 from fedpsa_jax.config.rules import FIELD_RULES, DataSizes, config_errors, data_errors, validate, validate_data
-from fedpsa_jax.config.schema import (INT64_MAX, MAX_DAYS, RUNTIME_SECTION, SHARED_SECTIONS, UNITS_PER_DAY,
-                                      base_config, budget_units, concurrency, eval_every_units, runtime_config)
+from fedpsa_jax.config.schema import (MAX_DAYS, RUNTIME_SECTION, SHARED_SECTIONS, UNITS_PER_DAY, base_config,
+                                      budget_units, concurrency, eval_every_units, runtime_config)
 from fedpsa_jax.errors import ConfigError  # (the same class as `fedpsa_jax.errors.ConfigError`)
+from fedpsa_jax.validation import INT64_MAX
 
 __all__ = ["ConfigError", "DataSizes", "FIELD_RULES", "INT64_MAX", "MAX_DAYS", "MOVED_FIELDS", "OVERRIDE_ALIASES",
            "REMOVED_FIELDS", "RUNTIME_SECTION", "SHARED_SECTIONS", "UNITS_PER_DAY", "base_config", "budget_units",

@@ -16,10 +16,10 @@ from typing import Sequence
 import ml_collections
 
 from fedpsa_jax import choices
-from fedpsa_jax.config.schema import INT64_MAX, MAX_DAYS, UNITS_PER_DAY, registered_strategies
+from fedpsa_jax.config.schema import MAX_DAYS, UNITS_PER_DAY, registered_strategies
 from fedpsa_jax.errors import ConfigError
-from fedpsa_jax.validation import (MISSING, Validator, boolean, error, field_errors, get_field, integer, is_integer,
-                                   number, one_of, sequence_of)
+from fedpsa_jax.validation import (INT64_MAX, MISSING, Validator, boolean, error, field_errors, get_field, integer,
+                                   is_integer, number, one_of, sequence_of)
 
 _DATASET_NAME = Validator(lambda v: v is None or choices.is_dataset_name(v),
                           f"one of {', '.join(choices.DATASETS)}, any tfds dataset name (name[/config][:version], "
@@ -27,6 +27,17 @@ _DATASET_NAME = Validator(lambda v: v is None or choices.is_dataset_name(v),
 _OPTIONAL_TEXT = Validator(lambda v: v is None or (isinstance(v, str) and v != ""), "a non-empty string, or None")
 _FINGERPRINT = Validator(lambda v: v is None or (isinstance(v, str) and re.fullmatch(r"[0-9a-f]{16}", v) is not None),
                          "16 hex digits (what a run with data.path records), or None")
+
+# Bounds on the work of one client update, known before any training. A client update visits local.epochs x
+# the largest client's samples (the shuffled orders of every epoch are drawn at its start, padded to the
+# largest client, int32 each) and takes local.epochs x ceil(samples / local.batch_size) SGD steps, one
+# compiled call that no signal interrupts; each step holds a batch of batch_size float32 samples (the batched
+# executor's steps are full-size, masked past a client's samples; evaluation batches alike). The paper's
+# setups (Sec. 6.1: 5 epochs, at most 60,000 samples in one client) visit at most 300,000; the bound leaves 14
+# times that, and refuses 100,000 epochs of the default config's largest client (94 samples: 200,000 SGD steps
+# in one update).
+MAX_SAMPLE_VISITS = 2**22
+MAX_BATCH_BYTES = 2**30
 
 # Every shared field with what it allows. Fields that relate to another one are checked in
 # `_cross_field_errors`; the method's own section by its strategy's `validate_config`.
@@ -47,7 +58,8 @@ FIELD_RULES: tuple[tuple[str, Validator], ...] = (
     ("partition.max_labels", integer(ge=1)),
     ("model.name", one_of(choices.MODELS)),
     ("model.init", one_of(choices.INITS)),
-    ("local.epochs", integer(ge=1)),
+    ("local.epochs", integer(ge=1, le=MAX_SAMPLE_VISITS, note="every epoch visits at least one sample, and a "
+                            f"client update at most {MAX_SAMPLE_VISITS:,}")),
     ("local.batch_size", integer(ge=1)),
     ("local.lr", number(gt=0)),
     ("local.lr_decay", number(gt=0, le=1)),
@@ -65,7 +77,10 @@ FIELD_RULES: tuple[tuple[str, Validator], ...] = (
     ("eval.every_round", boolean),
     ("eval.target_accuracy", number(ge=0, le=1, note="0: off")),
     ("output.events", boolean),
-    ("checkpoint.every_days", number(ge=0, le=MAX_DAYS, note="0: checkpoint only at the end")),
+    ("checkpoint.every_days", Validator(
+        lambda v: number(ge=0, le=MAX_DAYS)(v) and (v == 0 or v * UNITS_PER_DAY >= 1),
+        f"0 (checkpoint only at the end) or a number in [1/{UNITS_PER_DAY:,}, {MAX_DAYS}] (at least one time "
+        "unit: a shorter interval would round to 0 units, i.e. only at the end)")),
     ("checkpoint.keep", integer(ge=1)),
     ("runtime.execution", one_of(choices.EXECUTIONS)),
     ("runtime.loop", one_of(choices.LOCAL_LOOPS)),
@@ -166,6 +181,7 @@ class DataSizes:
   train: int  # training samples (after the holdout)
   test: int  # test samples
   train_per_class: Sequence[int] = ()  # training samples of each label, in label order
+  sample_bytes: int = 0  # bytes of one float32 input sample (0: not known, not checked)
 
 
 def data_errors(c: ml_collections.ConfigDict, sizes: DataSizes) -> list[str]:
@@ -193,7 +209,26 @@ def data_errors(c: ml_collections.ConfigDict, sizes: DataSizes) -> list[str]:
                         f"per training sample: {where})"))
   elif c.partition.method == "label_groups" and sizes.train_per_class:
     errors += _label_group_errors(c, sizes, where)
+  if sizes.sample_bytes:
+    limit = max(1, MAX_BATCH_BYTES // sizes.sample_bytes)
+    for field in ("local.batch_size", "eval.batch_size"):
+      value = get_field(c, field)
+      if value > limit:
+        errors.append(error(field, value, f"an integer in [1, {limit:,}] with data.name={name!r} (a batch of "
+                            f"that many samples of {sizes.sample_bytes:,} bytes each must fit in "
+                            f"{MAX_BATCH_BYTES // 2**30} GiB)"))
   return errors
+
+
+def federation_errors(c: ml_collections.ConfigDict, largest_client: int) -> list[str]:
+  """The bound that only the partition shows: a client update visits local.epochs x the largest client's
+  samples, at most MAX_SAMPLE_VISITS (see there)."""
+  limit = max(1, MAX_SAMPLE_VISITS // max(1, largest_client))
+  if c.local.epochs <= limit:
+    return []
+  return [error("local.epochs", c.local.epochs,
+                f"an integer in [1, {limit:,}] with the largest client's {largest_client:,} samples (its update "
+                f"visits local.epochs x {largest_client:,} samples, at most {MAX_SAMPLE_VISITS:,})")]
 
 
 def _label_group_errors(c: ml_collections.ConfigDict, sizes: DataSizes, where: str) -> list[str]:
@@ -216,9 +251,10 @@ def _label_group_errors(c: ml_collections.ConfigDict, sizes: DataSizes, where: s
   return errors
 
 
-def validate_data(c: ml_collections.ConfigDict, sizes: DataSizes) -> None:
-  """Raises one ConfigError listing `data_errors` (the config itself is valid: `validate` ran)."""
-  errors = data_errors(c, sizes)
+def validate_data(c: ml_collections.ConfigDict, sizes: DataSizes, largest_client: int | None = None) -> None:
+  """Raises one ConfigError listing `data_errors` and, once the data is partitioned (`largest_client`: the
+  largest client's training samples), `federation_errors` (the config itself is valid: `validate` ran)."""
+  errors = data_errors(c, sizes) if largest_client is None else federation_errors(c, largest_client)
   if errors:
     raise ConfigError("invalid config for this dataset:\n  " + "\n  ".join(errors))
 

@@ -17,8 +17,8 @@ import ml_collections
 
 UNITS_PER_DAY = 86_400  # FLGo's virtual day, in atomic time units
 # Virtual times, seeds and response times are int64 on the way through NumPy and JAX (response-time draws,
-# `jax.random.key(seed)`); a value beyond it crashes the build or wraps around (a run that never ends).
-INT64_MAX = 2**63 - 1
+# `jax.random.key(seed)`); a value beyond it crashes the build or wraps around (a run that never ends):
+# INT64_MAX (`fedpsa_jax.validation`, which refuses any config integer beyond it).
 # Day counts (`sim.virtual_days`, `*.every_days`) times 86,400 units must stay below INT64_MAX (~1.07e14
 # days); a round bound in the messages.
 MAX_DAYS = 10**14

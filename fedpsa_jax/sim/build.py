@@ -75,9 +75,11 @@ def build_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedDat
                          holdout_fraction=config.data.holdout_fraction,
                          rng=seeding.host_rng(config.seed, "data"), data_dir=config.data.data_dir)
   # What only the data can tell (more clients than samples, ...): bad input, found before any other work.
-  config_lib.validate_data(config, config_lib.DataSizes(
+  sizes = config_lib.DataSizes(
       train=len(dataset.y_train), test=len(dataset.y_test),
-      train_per_class=tuple(int(n) for n in np.bincount(dataset.y_train, minlength=dataset.num_classes))))
+      train_per_class=tuple(int(n) for n in np.bincount(dataset.y_train, minlength=dataset.num_classes)),
+      sample_bytes=4 * int(np.prod(dataset.input_shape)))  # (the model's float32 inputs)
+  config_lib.validate_data(config, sizes)
   parts = partition_labels(dataset.y_train, config.partition.num_clients, config.partition.method,
                            config.partition.alpha, seeding.host_rng(config.seed, "partition"),
                            group_proportions=tuple(config.partition.group_proportions),
@@ -86,6 +88,8 @@ def build_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedDat
   if config.data.client_test_fraction > 0:  # (no draw when off: existing runs are unchanged)
     parts, test_parts = split_client_test(parts, config.data.client_test_fraction,
                                           seeding.host_rng(config.seed, "client_test"))
+  # What only the partition tells (the work of the largest client's update): before the data goes to the device.
+  config_lib.validate_data(config, sizes, largest_client=max(len(p) for p in parts))
   return dataset, build_federated_data(dataset, parts, test_parts)
 
 

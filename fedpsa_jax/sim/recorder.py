@@ -48,7 +48,7 @@ class Recorder:
     self.progress = tqdm.tqdm(total=budget_units(config) / UNITS_PER_DAY, unit="day", leave=True,
                               disable=not config.runtime.progress,
                               bar_format="{l_bar}{bar}| {n:.3f}/{total:.3f} days [{elapsed}<{remaining}{postfix}]")
-    self.checkpoints = (checkpoint_lib.CheckpointStore(rundir.file("checkpoints"), config.checkpoint.keep)
+    self.checkpoints = (checkpoint_lib.CheckpointStore(rundir.file(io.CHECKPOINTS_DIR), config.checkpoint.keep)
                         if rundir is not None else None)
     self.tensorboard = (tensorboard.EventLog(rundir.file(TENSORBOARD_DIR))
                         if rundir is not None and config.runtime.tensorboard else None)

@@ -44,6 +44,7 @@ from fedpsa_jax.sim.executor import Job
 from fedpsa_jax.sim.loop_state import LoopState
 from fedpsa_jax.sim.recorder import Recorder
 from fedpsa_jax.tree_util import to_host, tree_bytes
+from fedpsa_jax.validation import is_number
 
 Params = Any
 _log = logging.getLogger(__name__)
@@ -126,9 +127,14 @@ class Simulation:
   # --- the loop -------------------------------------------------------------------------------------
 
   def run_until(self, day: float) -> None:
-    """Advances virtual time to `day` (capped at the budget), evaluating when due."""
+    """Advances virtual time to `day` (capped at the budget: `math.inf` runs to its end; a day already passed
+    changes nothing), evaluating when due. ValueError for NaN or a value that is not a number."""
+    if not is_number(day, finite=False) or math.isnan(day):
+      raise ValueError(f"run_until(day={day!r}) is invalid; allowed: a number of virtual days (capped at the "
+                       f"budget, {self.budget / config_lib.UNITS_PER_DAY!r}; math.inf: to its end)")
     loop, scheduler = self.loop, self.parts.scheduler
-    until = min(int(round(day * config_lib.UNITS_PER_DAY)), self.budget)
+    units = day * config_lib.UNITS_PER_DAY
+    until = max(loop.now, self.budget if units >= self.budget else int(round(units)))
     eval_every = config_lib.eval_every_units(self.config)
     checkpoint_every = int(round(self.config.checkpoint.every_days * config_lib.UNITS_PER_DAY))
     while loop.status == "running":

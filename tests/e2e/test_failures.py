@@ -13,17 +13,26 @@
   `interrupted`, the checkpoint being written completed, and a rerun resumes to the metrics of an
   uninterrupted run.
 - A full disk (ENOSPC) while writing metrics, a checkpoint or the summary: exit 3, one line naming the
-  file and the error, status `failed` (or no summary), resumable once there is room.
+  file and the error, status `failed` (or no summary), resumable once there is room; on a real full file
+  system (a small tmpfs, as root) that one line only; a sweep stops at its first member that meets it.
+- Work that cannot fit (a batch beyond memory, epochs beyond any client update), integers beyond int64
+  anywhere, a checkpoint interval that rounds to 0, a billion sweep seeds: refused before any work.
+- A run directory with an entry of the wrong kind: refused before anything is read or written; the advice
+  of an output that cannot be written fits its cause.
+- More signals while a run stops or exits: the one line and the first signal's exit code stay.
+- A stray positional argument, `--config=` or `--workdir=` given empty: one line, exit 2.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import io as std_io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,10 +99,16 @@ FLAG_ERRORS = [
      ["NameError", "nothing", "bad_config.py, line 2"]),
     ("config file without get_config", _config_file("x = 1\n"), ["no get_config"]),
     ("bad sweep argument", lambda p: ["--mode=sweep", "--config=configs/paper/table1.py:smoke,seeds=0"],
-     ["seeds=0", "is invalid", "allowed: seeds=<an integer >= 1>"]),
+     ["seeds=0", "is invalid", "allowed: seeds=<an integer in [1, 1000]>"]),
     ("unknown flag", lambda p: ["--wrokdir=x"], ["wrokdir", "Did you mean: workdir"]),
     ("wrong type for a field", lambda p: ["--config.seed=1.5"], ["--config.seed=1.5"]),
     ("bad flag value", lambda p: ["--host_devices=0"], ["--host_devices=0"]),
+    ("a sweep of a billion seeds", lambda p: ["--mode=sweep", f"--config=configs/paper/table1.py:smoke,seeds={10**9}"],
+     [f"'seeds={10**9}' is invalid", "allowed: seeds=<an integer in [1, 1000]>"]),
+    ("a stray positional argument", lambda p: ["stray"],
+     ["unexpected argument(s) 'stray'; allowed: flags only", "--helpshort lists them"]),
+    ("an empty --config", lambda p: ["--config="], ["--config= is empty; allowed: a config file such as "
+                                                   "configs/default.py[:arg]"]),
 ]
 
 
@@ -222,6 +237,21 @@ VALUE_ERRORS = [
     ("inf for casa.alpha0", ["--config.method=casa", "--config.casa.alpha0=inf"],
      {"method": "casa", "casa.alpha0": INF}, ["casa.alpha0=inf is invalid"]),
     ("nan for local.lr", ["--config.local.lr=nan"], {"local.lr": float("nan")}, ["local.lr=nan is invalid"]),
+    # Work that cannot fit: bounded from the config and the data before any training.
+    ("a batch no memory holds", ["--config.local.batch_size=1000000000000"], {"local.batch_size": 10**12},
+     ["local.batch_size=1000000000000 is invalid", "an integer in [1, 342,392] with data.name='mnist_5k'",
+      "must fit in 1 GiB"]),
+    ("a billion epochs", ["--config.local.epochs=1000000000"], {"local.epochs": 10**9},
+     ["local.epochs=1000000000 is invalid", "an integer in [1, 4194304]"]),
+    ("epochs beyond the largest client's bound", ["--config.local.epochs=100000"], {"local.epochs": 100_000},
+     ["local.epochs=100000 is invalid", "an integer in [1, 44,620] with the largest client's 94 samples",
+      "at most 4,194,304"]),
+    ("a buffer budget beyond int64", ["--config.method=casa", "--config.casa.buffer_budget=9223372036854775808"],
+     {"method": "casa", "casa.buffer_budget": 2**63},
+     ["casa.buffer_budget=9223372036854775808 is invalid", "within int64"]),
+    ("a checkpoint interval that rounds to 0 units", ["--config.checkpoint.every_days=1e-9"],
+     {"checkpoint.every_days": 1e-9},
+     ["checkpoint.every_days=1e-09 is invalid", "0 (checkpoint only at the end) or a number in [1/86,400"]),
 ]
 
 
@@ -390,6 +420,23 @@ def test_a_signal_inside_deferred_signals_is_delivered_after_the_block():
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def test_only_the_first_signal_stops_a_run_and_once_exiting_a_signal_ends_it_with_the_code():
+  signals.handle_signals()
+  try:
+    with pytest.raises(errors.Interrupted) as first:
+      signal.raise_signal(signal.SIGINT)
+    signal.raise_signal(signal.SIGTERM)  # dropped: the run is already stopping, its code stays 130
+    signal.raise_signal(signal.SIGINT)
+    assert first.value.signum == signal.SIGINT
+  finally:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  code = ("import os, signal, time\nfrom fedpsa_jax import signals\nsignals.exit_on_signal(130)\nprint('exiting')\n"
+          "os.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(30)\n")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+  assert (proc.returncode, proc.stdout, proc.stderr) == (130, "exiting\n", "")  # at once, flushed, no traceback
+
+
 # --- 5. a full disk -------------------------------------------------------------------------------------------
 
 
@@ -402,14 +449,20 @@ def disk_config():
 
 
 @pytest.fixture(scope="module")
-def disk_whole(tmp_path_factory):
+def disk_run_dir(tmp_path_factory) -> str:
+  """The run directory of disk_config, run to its end (copy it before changing it)."""
   path = tmp_path_factory.mktemp("disk") / "whole"
   original, sources._mnist_5k_raw = sources._mnist_5k_raw, _cached_mnist_5k_raw
   try:
     runner.Simulation(disk_config(), str(path)).run()
   finally:
     sources._mnist_5k_raw = original
-  return outputs(path)
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def disk_whole(disk_run_dir):
+  return outputs(disk_run_dir)
 
 
 def full_after(monkeypatch, cls, method: str, calls: int, error=None, only=None):
@@ -493,3 +546,135 @@ def test_user_errors_map_to_their_exit_codes():
     assert len(stderr.getvalue().splitlines()) == 1
   with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
     cli.exit_code_of(lambda: 1 // 0)
+
+
+# --- 1. a damaged run directory is never overwritten ---------------------------------------------------------
+
+
+def _replace(workdir: str, name: str, kind: str) -> None:
+  """Replaces run entry `name` of `workdir` with an empty entry of `kind` ('file' or 'directory')."""
+  path = os.path.join(workdir, name)
+  if os.path.isdir(path):
+    shutil.rmtree(path)
+  elif os.path.lexists(path):
+    os.remove(path)
+  os.mkdir(path) if kind == "directory" else open(path, "w").close()
+
+
+@pytest.mark.parametrize("name,kind", [("checkpoints", "file"), ("metrics.jsonl", "directory"),
+                                       ("summary.json", "directory"), ("events.jsonl", "directory"),
+                                       ("checkpoints_corrupt", "file"), (".lock", "directory")])
+def test_a_run_directory_with_an_entry_of_the_wrong_kind_is_refused_and_left_as_it_is(
+    name, kind, tmp_path, disk_run_dir):
+  """Before, a `checkpoints` file made a rerun start over, cut metrics.jsonl from 4 lines to 2 and fail at its
+  first save advising to 'make room'; a metrics.jsonl directory ended in a 40-line traceback. Now the rerun is
+  refused before anything is read or written: one line naming the entry, exit 2, every file as it was."""
+  workdir = str(tmp_path / "run")
+  shutil.copytree(disk_run_dir, workdir)
+  _replace(workdir, name, kind)
+  before = {n: open(os.path.join(workdir, n), "rb").read() for n in ("metrics.jsonl", "events.jsonl", "config.json")
+            if os.path.isfile(os.path.join(workdir, n))}
+  longer = disk_config()
+  longer.sim.virtual_days = 0.03  # (a rerun that would go on, and write)
+  code, lines = run_as_launch(longer, workdir)
+  other = "a directory" if kind == "directory" else "a file"
+  assert code == 2 and lines == [f"--workdir={workdir!r} holds {name} as {other}, where a run keeps "
+                                 f"{'a file' if kind == 'directory' else 'a directory'}; allowed: a run directory as "
+                                 f"a run leaves it (move {os.path.join(workdir, name)!r} away), or another --workdir"]
+  assert {n: open(os.path.join(workdir, n), "rb").read() for n in before} == before
+
+
+@pytest.mark.parametrize("code,advice", [
+    (errno.ENOSPC, "make room and rerun the same command"), (errno.EDQUOT, "make room and rerun the same command"),
+    (errno.ENOTDIR, "a part of the path is a file where a directory must be"),
+    (errno.EISDIR, "it is a directory where a file must be"), (errno.EACCES, "this user may not write there"),
+    (errno.EROFS, "the file system is read-only")])
+def test_the_advice_of_an_output_that_cannot_be_written_fits_its_cause(code, advice):
+  err = errors.OutputWriteError(code, os.strerror(code), "/w/checkpoints/864")
+  assert str(err).startswith(f"cannot write /w/checkpoints/864: {os.strerror(code)} ({errno.errorcode[code]}); {advice}")
+  assert ("make room" in str(err)) == (code in (errno.ENOSPC, errno.EDQUOT))
+
+
+# --- 6. flags given empty ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_empty_workdir_is_refused_not_taken_for_the_default(tmp_path):
+  """`--workdir=` (a shell variable that was empty) used to run into a new runs/<config>-<time>."""
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), "--config.runtime.progress=False",
+                         f"--config={os.path.join(ROOT, 'configs', 'default.py')}", "--workdir="], cwd=tmp_path,
+                        capture_output=True, text=True, timeout=240, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert_one_message(proc, ["--workdir= is empty; allowed: a directory"])
+  assert os.listdir(tmp_path) == []  # no runs/ made
+
+
+# --- 5. more signals while stopping or exiting ----------------------------------------------------------------
+
+
+def _stop_with(workdir, first: int, then: int, interval: float) -> subprocess.Popen:
+  """A launch_run stopped by `first` once a metrics line is written, then sent `then` every `interval`
+  seconds until it has exited (the stop and the exit of an impatient user, or a scheduler's SIGTERM after
+  a Ctrl-C)."""
+  proc = launch_run(workdir)
+  assert signal_when(proc, first, lambda: metrics_lines(workdir) >= 2), "the run ended before the signal"
+  while proc.poll() is None:
+    time.sleep(interval)
+    with contextlib.suppress(ProcessLookupError):
+      proc.send_signal(then)
+  return proc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("then", [signal.SIGINT, signal.SIGTERM])
+def test_signals_while_stopping_or_exiting_change_neither_the_line_nor_the_code(then, tmp_path):
+  """Before, a second Ctrl-C during the exit printed JAX's atexit clean-up traceback (or ended the process by
+  SIGINT, with the Interrupted traceback), and a SIGTERM after the Ctrl-C turned the exit code into 143."""
+  workdir = tmp_path / "cut"
+  proc = _stop_with(workdir, signal.SIGINT, then, 0.02)
+  assert_stopped_by(proc, signal.SIGINT, workdir)
+
+
+# --- 4. a full disk, quietly ------------------------------------------------------------------------------------
+
+
+def test_a_sweep_on_a_full_disk_stops_with_exit_3_at_its_first_failing_member(tmp_path, monkeypatch):
+  """Before, a sweep on a full disk built and failed every remaining member (exit 1 after all of them)."""
+  from helpers import _tiny_sweep
+
+  full_after(monkeypatch, CheckpointStore, "save", 1)
+  workdir = str(tmp_path / "sweep")
+  stderr = std_io.StringIO()
+  code = cli.exit_code_of(lambda: modes.run_sweep(_tiny_sweep(), modes.Options("tiny", mode="sweep", workdir=workdir,
+                                                                               compilation_cache="")), stderr=stderr)
+  lines = stderr.getvalue().splitlines()
+  members = sorted(os.listdir(os.path.join(workdir, "runs")))
+  assert code == 3 and len(lines) == 1 and lines[0].startswith(f"cannot write {os.path.join(workdir, 'runs', '')}")
+  assert "No space left on device (ENOSPC); make room" in lines[0] and len(members) == 1, (lines, members)
+
+
+def _tmpfs(path, size: str) -> bool:
+  """Mounts a tmpfs of `size` at `path` (root only); whether it could."""
+  os.makedirs(path, exist_ok=True)
+  return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                        capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", ["16k", "100k"])
+def test_a_real_full_disk_prints_one_line_and_nothing_from_the_libraries_threads(size, tmp_path):
+  """On a file system that fills up during a checkpoint (16k: its first file; 100k: its arrays), orbax's
+  threads and tensorstore's late callbacks printed 115-204 lines of tracebacks around the one line."""
+  mount = tmp_path / "disk"
+  if not _tmpfs(mount, size):
+    pytest.skip("mounting a small tmpfs needs root")
+  try:
+    args = [f"--config.{k}={v}" for k, v in {**LAUNCH_OVERRIDES, "output.events": False}.items()]
+    proc = subprocess.run([sys.executable, "launch.py", "--config=configs/default.py", *args,
+                           f"--workdir={mount / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  finally:
+    subprocess.run(["umount", str(mount)], check=True)
+  assert proc.returncode == 3, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr and len(messages(proc.stderr)) == 1, proc.stderr[-3000:]
+  assert re.match(rf"cannot write {re.escape(str(mount / 'run'))}/.*: No space left on device \(ENOSPC\); make room",
+                  proc.stderr.strip().splitlines()[-1])
