@@ -211,10 +211,10 @@ def data_errors(c: ml_collections.ConfigDict, sizes: DataSizes) -> list[str]:
     errors += _label_group_errors(c, sizes, where)
   if sizes.sample_bytes:
     limit = max(1, MAX_BATCH_BYTES // sizes.sample_bytes)
-    for field in ("local.batch_size", "eval.batch_size"):
-      value = get_field(c, field)
-      if value > limit:
-        errors.append(error(field, value, f"an integer in [1, {limit:,}] with data.name={name!r} (a batch of "
+    for batch_field in ("local.batch_size", "eval.batch_size"):
+      batch = get_field(c, batch_field)
+      if batch > limit:
+        errors.append(error(batch_field, batch, f"an integer in [1, {limit:,}] with {field}={value!r} (a batch of "
                             f"that many samples of {sizes.sample_bytes:,} bytes each must fit in "
                             f"{MAX_BATCH_BYTES // 2**30} GiB)"))
   return errors
