@@ -20,7 +20,8 @@ dispatched with; its result is recomputed on resume: it depends only on those), 
 `LoopState`, and the output positions. A `Simulation` on a workdir holding a run of the same config
 resumes from the newest complete checkpoint, truncating the outputs to the positions it recorded; without
 one it starts over. Metrics after a resume are bitwise those of an uninterrupted run on the same backend,
-apart from `TIMING_FIELDS` (wall-clock times, compiles, how the executor batched jobs).
+apart from `TIMING_FIELDS` (wall-clock times, compiles, how the executor batched jobs, and the summary's
+`provenance`, which names the machine and devices a process ran on).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ _log = logging.getLogger(__name__)
 # in flight at its checkpoint, in other batches). Everything else is exact.
 TIMING_FIELDS = ("wall_seconds", "train_seconds", "client_updates_per_second", "client_compute_seconds",
                  "server_compute_seconds", "client_payload_seconds", "compiles", "compile_seconds",
-                 "padding_waste", "execution_batches")
+                 "padding_waste", "execution_batches", "provenance")
 # The host runs ahead of the devices (nothing between evaluations waits for them) by at most this many
 # rounds: each round in flight holds its updates' buffers, so an unbounded lead could fill an accelerator's
 # memory between two evaluations. Two keep the devices fed: the host's work per round is far below theirs.
