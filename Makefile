@@ -40,8 +40,9 @@ test: $(STAMP)
 	$(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal $(ARGS)
 
 # The edit-test loop: everything but the tests marked slow (all of tests/e2e/: whole runs, launch.py subprocesses,
-# sweeps, the notebook; and a few slow module tests marked by hand). It keeps its compiled programs in
-# .pytest_cache/fedpsa-jax between runs (tests/conftest.py), so a rerun compiles only what an edit changed.
+# sweeps, the notebook; and the module tests of 2 s or more, marked by hand; docs/testing.md has the times).
+# It keeps its compiled programs in .pytest_cache/fedpsa-jax between runs (tests/conftest.py), so a rerun
+# compiles only what an edit changed.
 test-fast: $(STAMP)
 	FEDPSA_TEST_CACHE=$${FEDPSA_TEST_CACHE:-.pytest_cache/fedpsa-jax} $(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal -m "not slow" $(ARGS)
 

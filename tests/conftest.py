@@ -26,8 +26,9 @@ _KEPT_CACHE_BYTES = 2 * 2**30
 
 
 def pytest_configure(config: pytest.Config) -> None:
-  config.addinivalue_line("markers", "slow: a test of 10 s or more (whole runs, subprocesses, sweeps, the notebook): "
-                          "every test under tests/e2e/, and a few marked by hand; `make test-fast` leaves them out")
+  config.addinivalue_line("markers", "slow: a test of 2 s or more (whole runs, subprocesses, sweeps, the notebook, CNN-sized "
+                          "references): every test under tests/e2e/, and the module tests marked by hand; "
+                          "`make test-fast` leaves them out (docs/testing.md)")
   _fast_compiles()
   # xdist workers inherit the controller's environment, so only the first process makes the directory;
   # subprocesses (launch.py) inherit it too. A cache set by the user is left as it is.

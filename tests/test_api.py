@@ -83,6 +83,7 @@ def test_config_from_defaults_file_dict_keywords_and_copies(tmp_path, monkeypatc
     fj.config_from("configs/missing.py")
 
 
+@pytest.mark.slow
 def test_run_history_is_metrics_jsonl_and_summary_agrees(runs):
   fedpsa, _ = runs
   records = io.read_jsonl(os.path.join(fedpsa.workdir, "metrics.jsonl"))
@@ -101,6 +102,7 @@ def test_run_history_is_metrics_jsonl_and_summary_agrees(runs):
   assert len(updates) == fedpsa.summary["client_updates"] and updates.kappa.between(-1.0001, 1.0001).all()
 
 
+@pytest.mark.slow
 def test_run_copies_the_config_validates_it_and_can_stay_in_memory(tmp_path):
   c = small("fedbuff", days=0.008)
   result = fj.run(c, progress=False, label="buffered")
@@ -172,6 +174,7 @@ def test_result_plot_draws_its_learning_curve(runs):
   plt.close("all")
 
 
+@pytest.mark.slow
 def test_simulate_steps_exposes_state_and_finishes_like_run(runs):
   fedpsa, _ = runs
   ex = fj.simulate(small("fedpsa", output__events=True), progress=False)
@@ -222,6 +225,7 @@ class FedBuffConstant(FedBuff):
     return BufferState(params=apply_weighted(state.params, deltas, weights), last_weights=weights), True
 
 
+@pytest.mark.slow
 def test_strategy_registered_outside_the_package_runs_through_run(runs, monkeypatch):
   _, fedbuff = runs
   # A private copy of the registry: the test's strategy disappears with the test.

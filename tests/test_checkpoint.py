@@ -301,6 +301,7 @@ def remove_arrays(step_dir):
 
 # When tensorstore fails to read a damaged chunk, orbax's asyncio helper may leave a callback for its
 # closed event loop; Python reports it as "unraisable". It is orbax-internal and harmless here.
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("damage", [corrupt_arrays, corrupt_meta, remove_arrays])
 def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(damage, finished_run, tmp_path):
@@ -318,6 +319,7 @@ def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(damage, finished_ru
   assert len(os.listdir(tmp_path / "run" / "checkpoints_corrupt")) == 1
 
 
+@pytest.mark.slow
 def test_half_written_checkpoint_is_never_loaded(finished_run, tmp_path):
   c, whole = finished_run
   os.rename(tmp_path / "whole", tmp_path / "run")
@@ -349,6 +351,7 @@ def test_intact_checkpoint_this_code_cannot_rebuild_is_an_error_not_a_fallback(f
   assert outputs(tmp_path / "whole") == whole
 
 
+@pytest.mark.slow
 def test_all_checkpoints_corrupt_starts_over(finished_run, tmp_path):
   c, whole = finished_run
   ckdir = tmp_path / "whole" / "checkpoints"
@@ -372,6 +375,7 @@ def test_rerun_of_a_finished_run_returns_its_summary(finished_run, tmp_path):
   assert outputs(tmp_path / "whole") == whole
 
 
+@pytest.mark.slow
 def test_larger_budget_extends_a_finished_run_exactly(finished_run, tmp_path):
   # finished_run: 0.015 days
   longer = resumable_config("fedbuff", days=0.025)
@@ -409,6 +413,7 @@ def plant(meta_path, node) -> None:
     lambda marker: {"kind": "namedtuple", "type": "os:system", "items": [f"touch {marker}"]},
     lambda marker: {"kind": "dataclass", "type": "planted_module_writes_a_marker:Thing", "fields": {}},
 ], ids=["os:system", "a module that runs code on import"])
+@pytest.mark.slow
 def test_a_checkpoint_naming_a_foreign_type_is_refused_and_nothing_runs(node, finished_run, tmp_path, monkeypatch):
   c, whole = finished_run
   marker = tmp_path / "MARKER"
@@ -448,6 +453,7 @@ def test_launch_refuses_a_crafted_checkpoint_with_exit_2(tmp_path):
   assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_one_digit_edit_of_the_round_counter_is_caught(finished_run, tmp_path):
   c, whole = finished_run
   steps, meta_path = newest_meta(tmp_path / "whole")
@@ -503,6 +509,7 @@ def cut_run(tmp_path, until_day: float):
   return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["cut", "deleted"])
 def test_metrics_shorter_than_the_newest_checkpoint_fall_back_to_one_that_fits(damage, finished_run, tmp_path):
   c, whole = finished_run

@@ -158,6 +158,7 @@ def test_default_and_paper_configs_validate():
     experiment.get_config("bogus_field=1")
 
 
+@pytest.mark.slow
 def test_launch_rejects_bad_config_without_traceback(tmp_path):
   proc = subprocess.run(
       [sys.executable, "launch.py", "--config=configs/default.py", "--config.partition.alpha=-1",
@@ -218,6 +219,7 @@ def test_sensitivity_sizes_are_bounded_by_memory_and_the_model():
                             "fedpsa.calibration='real'")
 
 
+@pytest.mark.slow
 def test_fedpsa_refuses_bounds_of_the_model_and_data_before_any_training():
   """The bounds only the model and the data show are checked when FedPSA is built, with a one-line
   ConfigError (exit 2), and a method that has no projection never sees them."""

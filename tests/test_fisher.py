@@ -33,6 +33,7 @@ def test_every_model_is_covered():
   assert set(INPUTS) == set(MODELS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(INPUTS))
 @pytest.mark.parametrize("masked", [False, True])
 def test_factored_equals_reference(name, masked):
@@ -52,6 +53,7 @@ def test_factored_equals_reference(name, masked):
     assert_close(got, want, tolerance(x))
 
 
+@pytest.mark.slow
 def test_batched_conv_loop_equals_fori():
   model, params, x, y = setup("cifar_cnn", batch=5)
   a = jax.jit(lambda p: fisher.gradient_and_fisher(model.apply, p, x, y, conv_loop="fori")[1])(params)
@@ -74,6 +76,7 @@ class StridedNet(nn.Module):
     return nn.Dense(3)(x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("masked", [False, True])
 def test_unusual_layers_fall_back_or_factor_exactly(masked):
   model = StridedNet()
@@ -87,6 +90,7 @@ def test_unusual_layers_fall_back_or_factor_exactly(masked):
   assert_close(f, f_ref, tolerance(x))
 
 
+@pytest.mark.slow
 def test_auto_method_selection():
   model, params, x, y = setup("tiny_mlp")
   assert sensitivity.resolve_fisher_method(model.apply, "auto") == "factored"

@@ -32,6 +32,7 @@ def test_the_cifar10_stand_in_has_its_shape_classes_and_holdout(bench):
   assert np.bincount(data.y_train).tolist() == [180] * 10 and np.bincount(data.y_test).tolist() == [20] * 10
 
 
+@pytest.mark.slow
 def test_both_backends_are_measured_on_the_stand_in(bench):
   results = {}
   for execution in ("loop", "vmap"):

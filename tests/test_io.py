@@ -85,6 +85,7 @@ def test_a_claim_is_refused_while_held_naming_the_holder_and_free_once_released(
   again.close()
 
 
+@pytest.mark.slow
 def test_io_sweep_and_report_import_without_jax():
   code = ("import sys\n"
           "import fedpsa_jax.io, fedpsa_jax.sweep, fedpsa_jax.report, fedpsa_jax.paper, fedpsa_jax.config\n"

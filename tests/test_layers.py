@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 import os
 
+import pytest
+
 PACKAGE = "fedpsa_jax"
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), PACKAGE)
 
@@ -75,6 +77,7 @@ def _module_level_imports(path: str, module: str) -> list[str]:
   return out
 
 
+@pytest.mark.slow
 def test_every_module_imports_only_its_layer_and_below():
   climbs = []
   for module, path in sorted(_modules().items()):

@@ -61,6 +61,7 @@ def assert_trees_close(a, b, steps):
   assert_close(a, b, f32_tolerance(32 * 16, depth=steps))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loop, max_unroll", [("unrolled", 1), ("unrolled", 2), ("rolled", 4)])
 def test_masked_partial_batches_equal_unpadded_training(problem, loop, max_unroll):
   model, params, x, y, index_row = problem
@@ -73,6 +74,7 @@ def test_masked_partial_batches_equal_unpadded_training(problem, loop, max_unrol
   assert max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(params))) > 1e-3
 
 
+@pytest.mark.slow
 def test_proximal_term_matches_reference(problem):
   model, params, x, y, index_row = problem
   trainer = local.LocalTrainer(model.apply, 16, 1, regularizer=local.proximal_term(0.5), max_unroll=2)
@@ -93,6 +95,7 @@ def test_same_key_same_result_other_key_differs(problem):
   assert any(not np.allclose(u, v) for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(c)))
 
 
+@pytest.mark.slow
 def test_epoch_orders_are_fresh_permutations_with_padding_last():
   orders = np.asarray(local.epoch_orders(jax.random.key(0), jnp.int32(7), 10, 3))
   for row in orders:
@@ -156,6 +159,7 @@ def test_resolve_loop():
   assert local.resolve_loop("unrolled", "gpu", convolutional=False) == "unrolled"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [64, 70, 90])  # no partial batch; a partial batch of 6 (8 rows); of 26 (32 rows)
 @pytest.mark.parametrize("mu", [0.0, 0.5])  # (0.5: every step reads the anchor)
 def test_train_job_is_the_job_shuffle_then_training(problem, n, mu):
@@ -172,6 +176,7 @@ def test_train_job_is_the_job_shuffle_then_training(problem, n, mu):
     assert_trees_close(got, want, steps=2 * local.num_local_steps(n, 32, 1))
 
 
+@pytest.mark.slow
 def test_rolled_job_compiles_once_per_partial_batch_size(problem):
   """The rolled job's loop over full batches is traced: every client size shares one program per size of the
   partial batch (none, 8, 16 or 32 rows for B = 32), however many full batches it has."""
@@ -197,6 +202,7 @@ def _spy_chain(monkeypatch, name):
   return inputs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("owned", [False, True])
 @pytest.mark.parametrize("mu", [0.0, 0.1])
 def test_each_step_consumes_the_last_ones_parameters_never_the_callers(problem, monkeypatch, owned, mu):
@@ -219,6 +225,7 @@ def test_each_step_consumes_the_last_ones_parameters_never_the_callers(problem, 
   assert_trees_close(got, expected, steps=6)
 
 
+@pytest.mark.slow
 def test_batched_chain_consumes_its_stacked_parameters_step_by_step(problem, monkeypatch):
   model, params, x, y, index_row = problem
   trainer = local.LocalTrainer(model.apply, batch_size=32, epochs=1, max_unroll=1)

@@ -38,6 +38,7 @@ def test_trim_returns_freed_pages_where_glibc_can():
   del last
 
 
+@pytest.mark.slow
 def test_the_run_trims_after_each_compile_and_each_evaluation(monkeypatch):
   calls = []
   monkeypatch.setattr(memory, "_MALLOC_TRIM", lambda pad: calls.append(pad) or 1)
@@ -77,6 +78,7 @@ def _trims_of_a_run(monkeypatch, **fields) -> tuple[int, int]:
   return after_compile, len(calls) - after_compile, sim.compiles.count - compiles
 
 
+@pytest.mark.slow
 def test_by_default_the_run_trims_after_compiles_only(monkeypatch):
   after_compile, in_rounds, compiles = _trims_of_a_run(monkeypatch)
   assert after_compile == 1
@@ -110,6 +112,7 @@ print("after_end", "orbax.checkpoint" in sys.modules, sim.recorder.checkpoints.s
 """
 
 
+@pytest.mark.slow
 def test_orbax_is_imported_at_the_first_checkpoint_not_before(tmp_path):
   # (a fresh process: this one imported orbax long ago). orbax with tensorstore is ~25-50 MB of resident
   # memory that a run would otherwise hold from its first step.

@@ -117,6 +117,7 @@ def test_flax_init_keeps_flax_defaults(name, classes, shape):
       assert np.mean(kernel ** 4) / np.mean(kernel ** 2) ** 2 > 2.2, f"{name}.{layer}: not normal-shaped"
 
 
+@pytest.mark.slow
 def test_init_is_the_configs_and_checked():
   """`model.init` reaches the model, defaults to torch, and a bad value names the field and the choices."""
   from fedpsa_jax import config as config_lib

@@ -51,6 +51,7 @@ def _check_members(members, variants):
   return {m.name: m for m in members}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("smoke", [False, True])
 def test_table6_expands_to_the_paper_members_and_with_temps_to_the_readings(smoke):
   prefix = "smoke," if smoke else ""

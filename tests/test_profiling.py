@@ -70,6 +70,7 @@ def test_loop_free_twin_counts_every_sample():
   assert flops[16] == pytest.approx(4 * flops[4], rel=0.15)
 
 
+@pytest.mark.slow
 def test_method_pieces_come_from_the_methods_plugin_only():
   """FedPSA's pieces are its plug-in's, loaded by the method's name; a method without a plug-in adds none."""
   assert profilers.for_method("fedpsa") is fedpsa_profiler.profile
@@ -85,6 +86,7 @@ def test_method_pieces_come_from_the_methods_plugin_only():
   assert proc.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_fedpsa_pieces_run_the_runs_compiled_sketch(monkeypatch):
   """The profile's client piece and FedPSA's server step call the run's own compiled sketch
   (`sensitivity.sketch_of`, compiled once by the run's `init`), and compile it no second time."""

@@ -103,6 +103,7 @@ def alignment_run(tmp_path_factory):
   return workdir, summary
 
 
+@pytest.mark.slow
 def test_kappa_alignment_statistics_equal_scipy_on_the_logged_pairs(alignment_run):
   workdir, summary = alignment_run
   updates = [json.loads(line) for line in open(os.path.join(workdir, "events.jsonl"))
@@ -224,6 +225,7 @@ def api_config(spec: str):
   return api._load_config_file(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), spec))
 
 
+@pytest.mark.slow
 def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
   # Fig. 4: each grid cell is its member's accuracy; one heatmap and table per grid.
   acc = lambda m: 0.01 * sum(float(v) for k, v in m.labels.items() if k not in ("part", "seed"))
@@ -328,6 +330,7 @@ def test_sweep_report_dispatches_to_a_plugin_kind(tmp_path, monkeypatch):
     report.report_kinds()
 
 
+@pytest.mark.slow
 def test_report_and_its_plugins_need_no_jax():
   code = ("import sys\n"
           "import fedpsa_jax.report as report, fedpsa_jax.figures.fedpsa\n"
@@ -340,6 +343,7 @@ def test_report_and_its_plugins_need_no_jax():
   assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_the_plugins_and_report_lib_do_not_import_the_report_driver():
   """Reports import one way: report_lib <- figures/ <- report, so a plug-in can never loop back into the driver."""
   code = ("import sys\n"
@@ -404,6 +408,7 @@ def _reference_sweep(tmp_path, accuracy_of) -> str:
   return workdir
 
 
+@pytest.mark.slow
 def test_reference_marks_only_differences_larger_than_the_noise(tmp_path):
   seed_effect = {0: 0.0, 1: 0.05, 2: -0.04}  # shared by every method of a seed: what pairing removes
   gap = {"fedbuff": {0: 0.0, 1: 0.0, 2: 0.0}, "fedasync": {0: -0.031, 1: -0.029, 2: -0.030},  # always lower
@@ -442,6 +447,7 @@ def test_reference_marks_only_differences_larger_than_the_noise(tmp_path):
   assert "mnist_5k f00 (18 members)" in markdown and "9.00 h of wall time" in markdown
 
 
+@pytest.mark.slow
 def test_one_seed_says_so_and_curves_get_a_band_with_several(tmp_path):
   workdir = _reference_sweep(tmp_path, lambda m, a, s: 0.5 + 0.01 * s)
   frame = report.load_members(workdir)[1]

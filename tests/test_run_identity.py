@@ -101,6 +101,7 @@ def test_identity_names_the_changed_field_of_the_own_section_or_a_shared_one():
 # --- io.check_workdir and the runner's checkpoint check -------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_of_an_older_config_shape_resumes_and_extends(tmp_path):
   workdir = str(tmp_path / "run")
   old = _older(_current())
@@ -122,6 +123,7 @@ def test_run_of_an_older_config_shape_resumes_and_extends(tmp_path):
   assert after.startswith(before) and len(after) > len(before)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fields,named", [({"fedpsa.gamma": 2.0}, "fedpsa.gamma: 5.0 -> 2.0"),
                                          ({"local.lr": 0.02}, "local.lr: 0.05 -> 0.02")])
 def test_a_field_the_run_uses_still_refuses_to_resume(fields, named, tmp_path):
@@ -153,6 +155,7 @@ def _one_member_sweep() -> ml_collections.ConfigDict:
                             {"rows": ["method"], "cols": []})
 
 
+@pytest.mark.slow
 def test_finished_sweep_member_of_an_older_config_shape_is_done(tmp_path):
   sweep_dir = str(tmp_path / "sweep")
   first = sweep.run_local(_one_member_sweep(), sweep_dir, log=lambda _: None)

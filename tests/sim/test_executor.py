@@ -55,6 +55,7 @@ def _results(sim, execution, jobs, width=4):
   return {job.dispatch.job_id: ex.result(job.dispatch.job_id) for job in jobs}, ex.stats
 
 
+@pytest.mark.slow
 def test_a_vmapped_job_gives_the_same_bits_in_any_company():
   """Every vmapped call has one width, so a job's result is the same, bit for bit, whichever pending jobs
   share its call (what a resumed run relies on: it recomputes its in-flight jobs in other company). Checked
@@ -74,6 +75,7 @@ def test_a_vmapped_job_gives_the_same_bits_in_any_company():
 
 # FedPAC exercises aux, a local loss and a data-dependent payload; FedPSA's sketch payload is compared in the
 # two-device test below.
+@pytest.mark.slow
 @pytest.mark.parametrize("method,model", [("fedpac", "tiny_mlp")])
 def test_batched_results_equal_per_job_results(method, model):
   """Whatever the batch composition (7 jobs of mixed step counts: buckets and batches of 4, 2, 1), each
@@ -210,6 +212,7 @@ def test_run_metrics_do_not_depend_on_the_backend(tmp_path):
     assert abs(a["test_loss"] - b["test_loss"]) <= 1e-3 * abs(b["test_loss"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fedbuff", "fedpsa"])
 def test_nothing_compiles_inside_the_loop_once_warm(method):
   """Equal-size clients (iid): once every code path has run (FedPSA: its queue of L_q = 50 κ filled,
@@ -224,6 +227,7 @@ def test_nothing_compiles_inside_the_loop_once_warm(method):
   assert sim.finish()["compiles"] == warm
 
 
+@pytest.mark.slow
 def test_max_pool_2x2_equals_flax_max_pool():
   x = jax.random.normal(jax.random.key(0), (3, 8, 6, 4))
   np.testing.assert_array_equal(max_pool_2x2(x), nn.max_pool(x, (2, 2), strides=(2, 2)))
@@ -315,6 +319,7 @@ def _arriving(jobs, arrival_times):
                            j.dispatch_round, j.aux) for j, t in zip(jobs, arrival_times)]
 
 
+@pytest.mark.slow
 def test_loop_issues_jobs_ahead_in_arrival_order_with_the_results_of_issuing_at_dispatch():
   """loop with `jobs_ahead=2` (one device here): submitting issues nothing; a result issues its job, then
   the next to arrive (arrival time, then client, then job id: the scheduler's order) while fewer than 2 are
@@ -347,6 +352,7 @@ def test_loop_issues_jobs_ahead_in_arrival_order_with_the_results_of_issuing_at_
       np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_jobs_ahead_is_a_validated_field_that_never_changes_a_run(tmp_path):
   """A whole run with the default `runtime.jobs_ahead` (2), with 1, and with every job issued at its dispatch
   (0) writes the same metrics, bit for bit; and the field may change when a run resumes. A negative value
@@ -463,6 +469,7 @@ def test_three_host_devices_keep_the_server_device_free_and_give_the_results_of_
   assert 1 <= counts[training] <= 2 * compiles["programs"], counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs_ahead", [0, 2])
 def test_loop_counts_each_second_of_client_compute_once(jobs_ahead):
   """train_seconds adds up the executor's timed spans: none may run inside another (a nested span was

@@ -50,6 +50,7 @@ def test_failed_run_keeps_metrics_and_writes_summary(tmp_path, monkeypatch):
   assert len(io.read_jsonl(str(tmp_path / "metrics.jsonl"))) >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fedbuff", "fedpsa"])
 def test_summary_accounts_bytes_and_compute(method):
   """Every update uploads Δ (the model's size) plus the payload; every dispatch downloads the model. Under
@@ -75,6 +76,7 @@ def test_summary_accounts_bytes_and_compute(method):
   assert summary["server_compute_seconds"] > 0 and summary["client_compute_seconds"] > 0
 
 
+@pytest.mark.slow
 def test_time_to_target_is_the_first_evaluation_reaching_it():
   # (Flax's init: the linear model passes 0.5 within these 0.01 days, PyTorch's init not yet.)
   sim = runner.Simulation(small_config("fedbuff", days=0.01, eval__target_accuracy=0.5, model__init="flax"))
@@ -209,6 +211,7 @@ def counted_waits():
     jax.block_until_ready, jax_array.ArrayImpl.block_until_ready = function, method
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fedbuff", "fedpsa"])
 @pytest.mark.parametrize("events", [False, True])
 def test_no_host_read_and_no_wait_per_event_between_evaluations(method, events, tmp_path):

@@ -160,6 +160,7 @@ def _tiny_mlp_reps(params, x):
   return {"Dense_0": h, "Dense_1": np.maximum(h, 0) @ p["Dense_1"]["kernel"] + p["Dense_1"]["bias"]}
 
 
+@pytest.mark.slow
 def test_upload_mask_follows_rc_against_the_threshold_on_a_hand_made_client():
   """Dense_0 unchanged (rc = 1 up to rounding), Dense_1 scrambled (rc low): with AT = 0.9 the client sends
   Dense_0 only. rc, δ_acc and AT are checked against NumPy/scipy recomputations."""
@@ -197,6 +198,7 @@ def test_upload_mask_follows_rc_against_the_threshold_on_a_hand_made_client():
   assert int(payload["sent"]["round"]) == 4 and int(payload["sent"]["num_samples"]) == n
 
 
+@pytest.mark.slow
 def test_threshold_uses_delta_acc_and_variants_without_almu_send_everything():
   rng = np.random.default_rng(6)
   x_all, y_all, row, n = _client_data(rng)
@@ -216,6 +218,7 @@ def test_threshold_uses_delta_acc_and_variants_without_almu_send_everything():
     assert np.asarray(strategy.client.payload(PARAMS0, end, job)["sent"]["mask"]).all()
 
 
+@pytest.mark.slow
 def test_client_payload_vmaps_over_a_leading_client_axis():
   """The ALMU function is pure in arrays: vmapped over three clients it equals three separate calls."""
   rng = np.random.default_rng(11)
@@ -271,6 +274,7 @@ def test_rank_rule_probabilities_by_hand_and_mask_against_numpy():
   assert np.asarray(mask).all() and np.all(np.asarray(p) == 1.0)
 
 
+@pytest.mark.slow
 def test_rank_rule_upload_rates_match_the_rank_probabilities():
   """Over many keys each layer goes at its rate 1 − (j+1)/W; random groups average (W−1)/(2W)."""
   rng = np.random.default_rng(3)
@@ -295,6 +299,7 @@ def _rank_job(rng, client=2, reports=9, window_rows=3):
   return ClientJob(client=client, x_all=x_all, y_all=y_all, index_row=row, num_samples=n, aux=aux)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank_layers", ["all", "largest"])
 def test_rank_payload_uses_its_own_key_reports_rc_and_is_deterministic(rank_layers):
   rng = np.random.default_rng(12)
@@ -319,6 +324,7 @@ def test_rank_payload_uses_its_own_key_reports_rc_and_is_deterministic(rank_laye
   assert np.asarray(strategy.client.payload(PARAMS0, end, early)["sent"]["mask"]).all()
 
 
+@pytest.mark.slow
 def test_rank_coin_flips_differ_between_updates_and_leave_the_stimuli_alone():
   """The u of an update come from (client, reports at dispatch): another update of the same client
   draws anew, while its stimuli, pairs and rc (the 'aifed/stimuli' stream) stay the same."""

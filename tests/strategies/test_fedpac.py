@@ -119,6 +119,7 @@ def test_fedpac_client_statistics_by_hand():
   np.testing.assert_allclose(float(got["v"]), v / n, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_fedpac_local_loss_by_hand_and_through_the_trainer():
   lam = 0.7
   loss = alignment_loss(lam)

@@ -469,6 +469,7 @@ def test_counter_sees_eager_ops_and_the_fast_path():
   assert counts["jit(<lambda>)"] == 2 and sum(counts.values()) >= 4, counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("buffer_size,sizes", [(3, (1, 1, 1)), (9, (1,) * 9), (9, (2, 3, 4)), (3, (1, 3))])
 def test_a_round_is_two_jitted_calls_however_many_arrivals(buffer_size, sizes):
   strategy, state = _fedpsa(buffer_size=buffer_size, queue_length=4)
@@ -491,6 +492,7 @@ def test_a_round_is_two_jitted_calls_however_many_arrivals(buffer_size, sizes):
   assert state.queue_count == 2 * sum(sizes) >= 4 and float(state.m0) > 0
 
 
+@pytest.mark.slow
 def test_event_records_hold_kappa_and_norm_of_each_arrival_at_and_between_flushes():
   strategy, state = _fedpsa(buffer_size=3, queue_length=4)
   # A stand-in for the Fig. 6 alignment (the test's context has no test split): known values per arrival.
@@ -520,6 +522,7 @@ def test_event_records_hold_kappa_and_norm_of_each_arrival_at_and_between_flushe
       assert state.last_kappas.shape == state.last_norms.shape == (5,)
 
 
+@pytest.mark.slow
 def test_checkpoint_mid_buffer_then_continuing_gives_the_same_params_bit_for_bit(tmp_path):
   lq, ls, gamma, delta = 4, 3, 0.8, 0.1
   strategy, state = _fedpsa(buffer_size=ls, queue_length=lq, gamma=gamma, delta=delta)
@@ -669,6 +672,7 @@ def _recorded_run(monkeypatch, old_path: bool) -> list[dict]:
   return [jax.tree.map(np.asarray, r) for r in rounds]
 
 
+@pytest.mark.slow
 def test_kappas_sketches_and_weights_match_the_old_sketch_path(monkeypatch):
   """On a fixed job, the per-leaf projection in one program (issue 33) gives the sketches, κ, weights and models
   of the old path (`_old_path_sketch`) to float tolerance, round after round, through the softmax phase."""
