@@ -35,7 +35,8 @@ sys.path.insert(0, ROOT)
 
 flags.DEFINE_list("part", ["runs", "pieces"], "what to measure: runs (whole simulations), pieces (in one process)")
 flags.DEFINE_list("models", ["mnist_cnn", "linear"], "models of the runs (configs/default.py:model=...)")
-flags.DEFINE_list("methods", ["fedbuff", "fedpsa"], "methods of the runs, alternated")
+flags.DEFINE_list("methods", ["fedbuff", "fedpsa"], "methods of the runs, alternated; fedpsa+P: FedPSA with "
+                  "fedpsa.projection=P (e.g. fedpsa+count_sketch)")
 flags.DEFINE_integer("repeats", 2, "runs per (model, method)")
 flags.DEFINE_float("days", 0.05, "virtual days per run")
 flags.DEFINE_float("warmup_days", 0.01, "virtual days before the measurement starts")
@@ -57,7 +58,10 @@ def measure_run(model: str, method: str) -> dict:
   """One simulation: updates/s after the warm-up (compiles excluded) and this process's peak RSS."""
   from fedpsa_jax.sim import runner
 
-  config = _config(f"method={method},model={model}")
+  name, _, projection = method.partition("+")  # "fedpsa+count_sketch": FedPSA with fedpsa.projection set
+  config = _config(f"method={name},model={model}")
+  if projection:
+    config.fedpsa.projection = projection
   config.sim.virtual_days = FLAGS.days
   sim = runner.Simulation(config)
   sim.run_until(FLAGS.warmup_days)
@@ -86,13 +90,13 @@ def run_child(model: str, method: str) -> dict:
 def runs() -> None:
   rows = []
   print(f"runs: {FLAGS.days} virtual days each, measured after {FLAGS.warmup_days}; {FLAGS.host_devices} host devices")
-  print(f"{'model':10s} {'method':8s} {'run':>3s} {'upd/s':>7s} {'peak RSS MB':>11s} {'final acc':>9s}")
+  print(f"{'model':10s} {'method':19s} {'run':>3s} {'upd/s':>7s} {'peak RSS MB':>11s} {'final acc':>9s}")
   for repeat in range(FLAGS.repeats):
     for model in FLAGS.models:
       for method in FLAGS.methods:
         r = run_child(model, method)
         rows.append(r)
-        print(f"{model:10s} {method:8s} {repeat + 1:3d} {r['updates_per_s']:7.2f} {r['peak_rss_mb']:11.0f} "
+        print(f"{model:10s} {method:19s} {repeat + 1:3d} {r['updates_per_s']:7.2f} {r['peak_rss_mb']:11.0f} "
               f"{r['final_accuracy']:9.4f}", flush=True)
   print("\nmedians")
   for model in FLAGS.models:
@@ -101,10 +105,10 @@ def runs() -> None:
       mine = [r for r in rows if r["model"] == model and r["method"] == method]
       medians[method] = (statistics.median(r["updates_per_s"] for r in mine),
                          statistics.median(r["peak_rss_mb"] for r in mine))
-      print(f"{model:10s} {method:8s} {medians[method][0]:7.2f} upd/s {medians[method][1]:7.0f} MB")
-    if {"fedbuff", "fedpsa"} <= medians.keys():
-      (psa_rate, psa_rss), (buff_rate, buff_rss) = medians["fedpsa"], medians["fedbuff"]
-      print(f"{model:10s} fedpsa / fedbuff: {psa_rate / buff_rate:.2f}x updates/s, peak RSS "
+      print(f"{model:10s} {method:19s} {medians[method][0]:7.2f} upd/s {medians[method][1]:7.0f} MB")
+    for method in [m for m in FLAGS.methods if m.startswith("fedpsa")] if "fedbuff" in medians else []:
+      (psa_rate, psa_rss), (buff_rate, buff_rss) = medians[method], medians["fedbuff"]
+      print(f"{model:10s} {method} / fedbuff: {psa_rate / buff_rate:.2f}x updates/s, peak RSS "
             f"{psa_rss - buff_rss:+.0f} MB ({psa_rss / buff_rss - 1:+.0%})")
 
 

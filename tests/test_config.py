@@ -45,6 +45,7 @@ BAD = [
     ("fedpsa.calibration", "imagenet"),
     ("fedpsa.calibration_size", 0),
     ("fedpsa.sketch_dim", 0),
+    ("fedpsa.projection", "sparse"),
     ("runtime.fisher_chunk_size", 0),
     ("eval.every_days", 0.0),
     ("eval.batch_size", 0),
@@ -208,6 +209,9 @@ def test_sensitivity_sizes_are_bounded_by_memory_and_the_model():
   (message,) = fedpsa.bound_errors(c.fedpsa, 1_663_370, train_size=4500, model="mnist_cnn")
   assert message.startswith("fedpsa.sketch_dim=162 is invalid; allowed: an integer in [1, 161] with model.name='mnist_cnn' "
                             "(1,663,370 parameters")
+  c.fedpsa.projection = "count_sketch"  # 8 bytes per parameter whatever k: only the static bound applies
+  assert fedpsa.bound_errors(c.fedpsa, 1_663_370, train_size=4500, model="mnist_cnn") == []
+  c.fedpsa.projection = "gaussian"
   c.fedpsa.sketch_dim = 4096
   assert fedpsa.bound_errors(c.fedpsa, 7850, train_size=4500) == []  # a small model: the static bound applies
   # A real calibration batch is drawn from the training samples (a gaussian one is not bounded by them).

@@ -41,6 +41,10 @@ discount), while the paper's Table 6 shows large gaps between them (non-IID, p =
 44.08). A sharper fixed Temp (e.g. δ or 1) is the other plausible reading of "w/o T":
 `configs/paper/table6.py:temps` adds those members beside the paper's, so that one can see which reading
 reproduces the gaps.
+The projection (not an ablation, an option): `projection='count_sketch'` puts a CountSketch in R's place
+(`sensitivity.count_sketch_projection`: one random row and sign per parameter): the same k-dimensional sketch of
+the same inner products, unbiased, held in 8 bytes per parameter instead of 4k. The paper's Gaussian R is the
+default.
 Arrivals of one event time enter the buffer together (so a flush may hold more than L_s, as in FLGo's
 FedBuff on which FedPSA builds).
 
@@ -81,6 +85,7 @@ Params = Any
 MAX_CALIBRATION_SIZE = 65_536
 MAX_SKETCH_DIM = 4096
 MAX_PROJECTION_BYTES = 2**30
+PROJECTIONS = ("gaussian", "count_sketch")  # `projection`: Eq. 11's R, or a CountSketch in its place
 
 
 @flax.struct.dataclass
@@ -205,7 +210,7 @@ def bound_errors(hparams: ml_collections.ConfigDict, num_params: int, train_size
   names the model in the message."""
   errors = []
   k, limit = hparams.sketch_dim, max(1, MAX_PROJECTION_BYTES // (4 * num_params))
-  if k > limit:
+  if k > limit and hparams.projection == "gaussian":  # (a CountSketch holds 8 bytes per parameter, whatever k)
     errors.append(error("fedpsa.sketch_dim", k, f"an integer in [1, {limit}] with model.name={model!r} "
                         f"({num_params:,} parameters): the projection R of sketch_dim x parameters float32 must fit in "
                         f"{MAX_PROJECTION_BYTES // 2**30} GiB"))
@@ -238,6 +243,10 @@ class FedPSA(Strategy):
     c.calibration = "gaussian"  # the shared calibration batch D_b: gaussian (synthetic) | real (training samples)
     c.calibration_size = 32  # |D_b| (Table 5 tries 16-512)
     c.sketch_dim = 16  # k, rows of the random projection R (Eq. 11)
+    # R itself: gaussian (the paper's: k x parameters float32 entries N(0, 1/k), held in memory) | count_sketch
+    # (not the paper's: one random row and sign per parameter, 8 bytes per parameter held, an unbiased sketch of
+    # the same inner products; docs/performance.md, "FedPSA's cost")
+    c.projection = "gaussian"
     # Fig. 6 diagnostic: log align = cos(g_client, g_server) on a held-out test batch (Eqs. 21-22) beside κ
     # in events.jsonl (needs output.events). Costs two gradients on alignment_batch_size samples per
     # received update; does not change training.
@@ -258,6 +267,7 @@ class FedPSA(Strategy):
                                          "client's sensitivity is computed on all of it; Table 5: 16-512")),
             ("sketch_dim", integer(ge=1, le=MAX_SKETCH_DIM, note="the rows of the sketch_dim x parameters float32 "
                                    "projection held in memory; default 16")),
+            ("projection", one_of(PROJECTIONS)),
             ("alignment_batch_size", integer(ge=1))]
     errors = section_errors(config, "fedpsa", rows)
     if c.log_alignment is True and not config.output.events:
@@ -282,8 +292,9 @@ class FedPSA(Strategy):
     # R (Eq. 11) in per-leaf blocks (`sensitivity.projection`) and D_b, made once as device arrays and passed to
     # the one compiled sketch function, `sensitivity.sketch_of`, that the clients, `init` and the rounds share (a
     # closed-over R would be baked into the program).
-    self.projection = sensitivity.projection(seeding.device_key(ctx.seed, "fedpsa/projection"), h.sketch_dim,
-                                             ctx.params_shape)
+    make_projection = sensitivity.projection if h.projection == "gaussian" else sensitivity.count_sketch_projection
+    self.projection = make_projection(seeding.device_key(ctx.seed, "fedpsa/projection"), h.sketch_dim,
+                                      ctx.params_shape)
     self.calibration = tuple(map(jnp.asarray, calibration_batch(ctx, h.calibration, h.calibration_size)))
     # The static arguments of `sensitivity.sketch_of` besides the model (the profiler compiles the same call).
     self.sketch_options = dict(chunk_size=runtime.fisher_chunk_size, use_sensitivity=not h.no_sensitivity,

@@ -58,8 +58,9 @@ def _softmax(z):
 
 
 def _fedpsa(buffer_size=2, queue_length=3, gamma=1.0, delta=0.2, no_temperature=False,
-            no_sensitivity=False, seed=0):
+            no_sensitivity=False, seed=0, projection="gaussian"):
   cfg = config_lib.base_config()
+  cfg.fedpsa.projection = projection
   cfg.seed = seed
   cfg.fedpsa.sketch_dim = K_SKETCH
   cfg.runtime.fisher_chunk_size = 4
@@ -633,6 +634,30 @@ def test_fixed_temperature_needs_no_temperature():
   assert _errors(_readings_config(0.0, no_temperature=False)) == []
   assert _errors(_readings_config(1.0)) == [] and _errors(_readings_config(0.0)) == []
   assert config_lib.base_config().fedpsa.fixed_temperature == 0.0  # the default: γ + δ, the paper's reading
+
+
+def test_count_sketch_projection_is_held_and_used_for_clients_and_server():
+  """With fedpsa.projection='count_sketch' the strategy holds `count_sketch_projection`'s blocks for the run's
+  key (no k x d matrix), and a client's sketch and the server's global sketch are S s(θ) (S s(w) at init), κ
+  their cosine (Eq. 12 unchanged)."""
+  strategy, state = _fedpsa(buffer_size=1, projection="count_sketch")
+  blocks = jax.tree.leaves(strategy.projection, is_leaf=lambda b: isinstance(b, sensitivity.CountSketchBlock))
+  assert all(isinstance(b, sensitivity.CountSketchBlock) and b.k == K_SKETCH for b in blocks)
+  expected = sensitivity.count_sketch_projection(seeding.device_key(strategy.ctx.seed, "fedpsa/projection"),
+                                                 K_SKETCH, PARAMS0)
+  for got, want in zip(blocks, jax.tree.leaves(expected, is_leaf=lambda b: isinstance(b, sensitivity.CountSketchBlock))):
+    assert np.array_equal(got.order, want.order) and np.array_equal(got.signs, want.signs)
+  options = strategy.sketch_options
+  s_of = lambda params: sensitivity.sensitivity(strategy.ctx.apply_fn, params, *strategy.calibration,
+                                                chunk_size=options["chunk_size"], method=options["method"])
+  np.testing.assert_allclose(state.global_sketch, sensitivity.project(expected, s_of(PARAMS0)), rtol=1e-5, atol=1e-7)
+  end = _random_like(PARAMS0, np.random.default_rng(8))
+  payload = strategy.client.payload(PARAMS0, end, None)
+  np.testing.assert_allclose(payload, sensitivity.project(expected, s_of(end)), rtol=1e-5, atol=1e-7)
+  state, flushed = strategy.receive(state, [_arrival(0, jax.tree.map(jnp.subtract, end, PARAMS0), payload=payload)])
+  assert flushed
+  np.testing.assert_allclose(float(state.last_kappas[0]), _cos(payload, sensitivity.project(expected, s_of(PARAMS0))),
+                             rtol=1e-5)
 
 
 def _old_path_sketch(strategy, params):
