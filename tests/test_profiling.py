@@ -87,6 +87,18 @@ def test_method_pieces_come_from_the_methods_plugin_only():
 
 
 @pytest.mark.slow
+def test_fedpsa_pieces_with_a_count_sketch_time_its_product_and_skip_the_matrix_row():
+  """Under fedpsa.projection='count_sketch' the profile times the run's CountSketch product and the client piece,
+  and has no bare matrix-vector row (there is no matrix)."""
+  c = config_lib.base_config()
+  c.method, c.model.name, c.fedpsa.projection = "fedpsa", "linear", "count_sketch"
+  profiler = profiling.Profiler(c, repeats=1)
+  profiler.method_pieces(calibration_sizes=(4,))
+  names = {r["piece"] for r in profiler.rows}
+  assert {"sketch", "client_sensitivity_sketch"} <= names and "sketch_bare_matvec" not in names, names
+
+
+@pytest.mark.slow
 def test_fedpsa_pieces_run_the_runs_compiled_sketch(monkeypatch):
   """The profile's client piece and FedPSA's server step call the run's own compiled sketch
   (`sensitivity.sketch_of`, compiled once by the run's `init`), and compile it no second time."""

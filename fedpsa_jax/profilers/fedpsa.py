@@ -49,12 +49,13 @@ def profile(profiler: Any, calibration_sizes: Sequence[int] = CALIBRATION_SIZES)
   d = sensitivity.num_params(params)
   profiler.add("sketch", profiler.cost(sensitivity.sketch, R, s), functools.partial(sensitivity.project, R, s),
                k=c.fedpsa.sketch_dim, d=d)
-  flat_R = jnp.concatenate([b.reshape(b.shape[0], -1) for b in jax.tree.leaves(R)], axis=1)
-  flat_s = jax.flatten_util.ravel_pytree(s)[0]
-  bare = lambda R, v: R @ v
-  profiler.add("sketch_bare_matvec", profiler.cost(bare, flat_R, flat_s),
-               functools.partial(jax.jit(bare), flat_R, flat_s), k=c.fedpsa.sketch_dim, d=d)
-  del flat_R  # (a second copy of R, only for that row)
+  if c.fedpsa.projection == "gaussian":  # (a CountSketch has no matrix to compare with)
+    flat_R = jnp.concatenate([b.reshape(b.shape[0], -1) for b in jax.tree.leaves(R)], axis=1)
+    flat_s = jax.flatten_util.ravel_pytree(s)[0]
+    bare = lambda R, v: R @ v
+    profiler.add("sketch_bare_matvec", profiler.cost(bare, flat_R, flat_s),
+                 functools.partial(jax.jit(bare), flat_R, flat_s), k=c.fedpsa.sketch_dim, d=d)
+    del flat_R  # (a second copy of R, only for that row)
   whole = lambda p, R, x, y: sensitivity.sketch_of(apply_fn, p, R, x, y, **strategy.sketch_options)
   profiler.add("client_sensitivity_sketch", profiler.cost(whole, params, R, x, y),
                functools.partial(strategy.client.payload, params, params), calibration=c.fedpsa.calibration_size,

@@ -636,6 +636,7 @@ def test_fixed_temperature_needs_no_temperature():
   assert config_lib.base_config().fedpsa.fixed_temperature == 0.0  # the default: γ + δ, the paper's reading
 
 
+@pytest.mark.slow
 def test_count_sketch_projection_is_held_and_used_for_clients_and_server():
   """With fedpsa.projection='count_sketch' the strategy holds `count_sketch_projection`'s blocks for the run's
   key (no k x d matrix), and a client's sketch and the server's global sketch are S s(θ) (S s(w) at init), κ
