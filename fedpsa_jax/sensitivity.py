@@ -228,8 +228,10 @@ def projection(key: jax.Array, k: int, tree: Params, dtype: Any = jnp.float32) -
 
 @flax.struct.dataclass
 class CountSketchBlock:
-  """One leaf's part of a CountSketch projection (`count_sketch_projection`): the leaf's coordinates in a random
-  order (`order`, int32 [n]) and a random sign for each (`signs`, ±1 float32 [n]); `k` rows."""
+  """One leaf's part of a CountSketch projection (`count_sketch_projection`), for a leaf of n coordinates and
+  m = ⌈n / k⌉: `order` (int32 [k·m]) holds row r's coordinates at positions [r·m, (r+1)·m), ascending (so that
+  the gather reads memory in order), the padding as n (read as 0); `signs` (±1 float32 [k·m]) the sign of the
+  coordinate at each position; `k` the rows."""
   order: jax.Array
   signs: jax.Array
   k: int = flax.struct.field(pytree_node=False)
@@ -237,29 +239,28 @@ class CountSketchBlock:
 
 def count_sketch_projection(key: jax.Array, k: int, tree: Params) -> Params:
   """A CountSketch (Charikar, Chen and Farach-Colton 2002) in place of Eq. 11's Gaussian R, per leaf of `tree`
-  (arrays or shapes): each coordinate j of a leaf gets a sign σ_j = ±1 and one of the k rows, the rows of a leaf
-  taking equal shares of a random permutation of its coordinates (row r: positions [r·m, (r+1)·m) of the
-  permutation, m = ⌈n / k⌉). Then ⟨Sa, Sb⟩ is an unbiased estimate of ⟨a, b⟩, like ⟨Ra, Rb⟩ with Gaussian R, at
-  a variance no larger than the Gaussian's for vectors with dominant coordinates; it holds 8 bytes per
-  parameter instead of 4k and its product reads each coordinate once (`sketch`). Not the paper's R: a
-  `fedpsa.projection` option (docs/performance.md, "FedPSA's cost")."""
+  (arrays or shapes): each coordinate of a leaf gets a sign σ = ±1 and one of the k rows, the rows of a leaf
+  taking equal shares of a random permutation of its coordinates (row r: the permutation's positions
+  [r·m, (r+1)·m), m = ⌈n / k⌉). Then ⟨Sa, Sb⟩ is an unbiased estimate of ⟨a, b⟩, like ⟨Ra, Rb⟩ with Gaussian R;
+  it holds 8 bytes per parameter instead of 4k (so any k fits), and its product is a gather and a sum
+  (`sketch`). Not the paper's R: a `fedpsa.projection` option (docs/performance.md, "FedPSA's cost")."""
   leaves, treedef = jax.tree.flatten(tree)
   blocks = []
   for i, leaf in enumerate(leaves):
     n = int(np.prod(getattr(leaf, "shape", None) or np.shape(leaf)))
+    m = -(-n // k)
     order_key, sign_key = jax.random.split(jax.random.fold_in(key, i))
-    blocks.append(CountSketchBlock(order=jax.random.permutation(order_key, n).astype(jnp.int32),
-                                   signs=jax.random.rademacher(sign_key, (n,), jnp.float32), k=k))
+    rows = jnp.pad(jax.random.permutation(order_key, n).astype(jnp.int32), (0, k * m - n), constant_values=n)
+    blocks.append(CountSketchBlock(order=jnp.sort(rows.reshape(k, m), axis=1).reshape(-1),
+                                   signs=jax.random.rademacher(sign_key, (k * m,), jnp.float32), k=k))
   return treedef.unflatten(blocks)
 
 
 def _count_sketch_leaf(block: CountSketchBlock, leaf: jax.Array) -> jax.Array:
-  """[k]: row r sums σ_j leaf_j over the coordinates j at positions [r·m, (r+1)·m) of `block.order` (zero-padded
-  to k·m): a gather and a fixed-order reduction, so the same bits on every backend (a scatter-add would not be)."""
-  n = block.order.shape[0]
-  m = -(-n // block.k)
-  signed = jnp.ravel(leaf).astype(jnp.float32)[block.order] * block.signs
-  return jnp.sum(jnp.pad(signed, (0, block.k * m - n)).reshape(block.k, m), axis=1)
+  """[k]: row r sums σ_p leaf[order_p] over its positions p (the padding's index, n, reads 0): a gather and a
+  fixed-order reduction, so the same bits on every backend (a scatter-add would not be)."""
+  values = jnp.take(jnp.ravel(leaf).astype(jnp.float32), block.order, mode="fill", fill_value=0)
+  return jnp.sum((values * block.signs).reshape(block.k, -1), axis=1)
 
 
 def sketch(R: Params, tree: Params) -> jax.Array:
@@ -275,7 +276,8 @@ def sketch(R: Params, tree: Params) -> jax.Array:
   blocks = jax.tree.leaves(R, is_leaf=lambda b: isinstance(b, CountSketchBlock))
   leaves = jax.tree.leaves(tree)
   if isinstance(blocks[0], CountSketchBlock):
-    if len(blocks) != len(leaves) or any(b.order.shape[0] != jnp.size(leaf) for b, leaf in zip(blocks, leaves)):
+    if len(blocks) != len(leaves) or any(b.order.shape[0] != b.k * -(-jnp.size(leaf) // b.k)
+                                         for b, leaf in zip(blocks, leaves)):
       raise ValueError("the CountSketch blocks do not match the tree's leaves (make them with "
                        "`count_sketch_projection` for this structure)")
     return functools.reduce(jnp.add, [_count_sketch_leaf(b, leaf) for b, leaf in zip(blocks, leaves)])

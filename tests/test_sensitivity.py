@@ -400,7 +400,7 @@ def test_sketch_preserves_cosine_on_average():
 
 def _count_sketch_matrix(blocks, tree) -> np.ndarray:
   """The k x d matrix a CountSketch stands for, entry by entry in a Python loop: column j of the leaf at offset o is
-  signs[p] e_row at row p // m, where order[p] = j (m = ceil(n / k))."""
+  signs[p] e_row at row p // m, where order[p] = j (m = ceil(n / k); order[p] = n is padding)."""
   leaves, parts = jax.tree.leaves(tree), jax.tree.leaves(blocks, is_leaf=lambda b: isinstance(b, S.CountSketchBlock))
   k, d = parts[0].k, sum(int(np.size(leaf)) for leaf in leaves)
   matrix, offset = np.zeros((k, d)), 0
@@ -408,7 +408,8 @@ def _count_sketch_matrix(blocks, tree) -> np.ndarray:
     n = int(np.size(leaf))
     m = -(-n // k)
     for p, (j, sign) in enumerate(zip(np.asarray(block.order), np.asarray(block.signs))):
-      matrix[p // m, offset + j] = sign
+      if j < n:
+        matrix[p // m, offset + j] = sign
     offset += n
   return matrix
 
