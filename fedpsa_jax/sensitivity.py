@@ -237,6 +237,19 @@ class CountSketchBlock:
   k: int = flax.struct.field(pytree_node=False)
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _count_sketch_draws(key: jax.Array, k: int, sizes: tuple[int, ...]) -> list[tuple[jax.Array, jax.Array]]:
+  """(order, signs) of each leaf of `sizes` coordinates (`count_sketch_projection`), drawn in one compiled program:
+  as separate eager operations each would compile and keep its own program and buffers."""
+  draws = []
+  for i, n in enumerate(sizes):
+    m = -(-n // k)
+    order_key, sign_key = jax.random.split(jax.random.fold_in(key, i))
+    rows = jnp.pad(jax.random.permutation(order_key, n).astype(jnp.int32), (0, k * m - n), constant_values=n)
+    draws.append((jnp.sort(rows.reshape(k, m), axis=1).reshape(-1), jax.random.rademacher(sign_key, (k * m,), jnp.float32)))
+  return draws
+
+
 def count_sketch_projection(key: jax.Array, k: int, tree: Params) -> Params:
   """A CountSketch (Charikar, Chen and Farach-Colton 2002) in place of Eq. 11's Gaussian R, per leaf of `tree`
   (arrays or shapes): each coordinate of a leaf gets a sign σ = ±1 and one of the k rows, the rows of a leaf
@@ -245,14 +258,8 @@ def count_sketch_projection(key: jax.Array, k: int, tree: Params) -> Params:
   it holds 8 bytes per parameter instead of 4k (so any k fits), and its product is a gather and a sum
   (`sketch`). Not the paper's R: a `fedpsa.projection` option (docs/performance.md, "FedPSA's cost")."""
   leaves, treedef = jax.tree.flatten(tree)
-  blocks = []
-  for i, leaf in enumerate(leaves):
-    n = int(np.prod(getattr(leaf, "shape", None) or np.shape(leaf)))
-    m = -(-n // k)
-    order_key, sign_key = jax.random.split(jax.random.fold_in(key, i))
-    rows = jnp.pad(jax.random.permutation(order_key, n).astype(jnp.int32), (0, k * m - n), constant_values=n)
-    blocks.append(CountSketchBlock(order=jnp.sort(rows.reshape(k, m), axis=1).reshape(-1),
-                                   signs=jax.random.rademacher(sign_key, (k * m,), jnp.float32), k=k))
+  sizes = tuple(int(np.prod(getattr(leaf, "shape", None) or np.shape(leaf))) for leaf in leaves)
+  blocks = [CountSketchBlock(order=order, signs=signs, k=k) for order, signs in _count_sketch_draws(key, k, sizes)]
   return treedef.unflatten(blocks)
 
 
