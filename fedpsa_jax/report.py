@@ -118,7 +118,7 @@ def _tables(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], ou
   if paired:
     both = pd.concat(paired, ignore_index=True)
     written.append(report_lib.write_text(os.path.join(out, "paired.md"),
-                                         title + report_lib.paired_markdown(both, spec)))
+                                         title + "\n" + report_lib.paired_markdown(both, spec)))
     written.append(report_lib.write_csv(both, os.path.join(out, "paired.csv")))
   return written
 
@@ -136,7 +136,7 @@ def sweep_report(sweep_dir: str) -> list[str]:
   if "bytes_uploaded" in frame:
     frame["bytes_communicated"] = frame["bytes_uploaded"].astype(float) + frame["bytes_downloaded"].astype(float)
   written = [report_lib.write_csv(frame.set_index("member"), os.path.join(out, "members.csv"))]
-  title = f"# {sweep.get('name')}: {sweep.get('description', '')}\n\n"  # (the name says -smoke for a smoke run)
+  title = f"# {sweep.get('name')}: {sweep.get('description', '')}\n"  # (the name says -smoke for a smoke run)
   if spec.get("rows") or spec.get("cols"):
     written += _tables(sweep, frame, spec, out, title)
   written += kinds[kind](SweepReport(sweep_dir, sweep, frame, spec, out, title))

@@ -457,7 +457,7 @@ def write_csv(frame: pd.DataFrame, path: str) -> str:
 class SweepReport:
   """What a report kind draws from: the sweep directory, its sweep config (`sweep`), one row per member
   (`frame`, see the module docstring), the layout (`spec`, the sweep config's `report` section), the output
-  directory and the markdown title."""
+  directory and the markdown title (its one line, with its newline)."""
 
   sweep_dir: str
   sweep: dict[str, Any]

@@ -231,11 +231,11 @@ def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
   acc = lambda m: 0.01 * sum(float(v) for k, v in m.labels.items() if k not in ("part", "seed"))
   workdir = _fake_members(tmp_path, "fig4", "configs/paper/fig4.py:smoke", lambda m: {"final_test_accuracy": acc(m)})
   written = report.build(workdir)
-  # The exact files of each layout, in order (the plug-ins' group figure last): what report.py wrote when
-  # these kinds were an if-chain inside it.
+  # The exact files of each layout, in order: what report.py wrote when these kinds were an if-chain inside it.
+  # (No plug-in group figure: these members have no metrics.jsonl, so there is no run to draw.)
   assert _report_files(workdir, written) == [
       "members.csv", "heatmap_gamma_delta.png", "heatmap_gamma_delta.csv", "heatmap_ls_lq.png", "heatmap_ls_lq.csv",
-      "heatmap.md", "accuracy_vs_upload.png"]
+      "heatmap.md"]
   grid = pd.read_csv(os.path.join(workdir, "report", "heatmap_ls_lq.csv")).set_index("buffer_size")
   assert grid.loc[2, "L_q=50"] == pytest.approx(100 * 0.01 * (2 + 50))
   # Fig. 5: the accounting fields per method and dataset.
@@ -244,8 +244,7 @@ def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
                       "download_bytes_per_update": 2048.0, "final_test_accuracy": 0.5}
   workdir = _fake_members(tmp_path, "fig5", "configs/paper/fig5.py:smoke", fields)
   assert _report_files(workdir, report.build(workdir)) == [
-      "members.csv", "table.md", "table.csv", "curves.png", "overhead.md", "overhead.csv", "overhead.png",
-      "accuracy_vs_upload.png"]
+      "members.csv", "table.md", "table.csv", "curves.png", "overhead.md", "overhead.csv", "overhead.png"]
   overhead = pd.read_csv(os.path.join(workdir, "report", "overhead.csv")).set_index("method")
   assert overhead.loc["fedpsa", "client_compute_seconds:CIFAR-10"] == pytest.approx(7.0)
   assert overhead.loc["ca2fl", "bytes_communicated:MNIST"] == pytest.approx(3.0)  # MiB up + down
@@ -258,7 +257,7 @@ def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
       {"type": "round", "temperature": 1.0}]
   workdir = _fake_members(tmp_path, "fig6", "configs/paper/fig6.py:smoke,seeds=2", lambda m: {}, events)
   assert _report_files(workdir, report.build(workdir)) == [
-      "members.csv", "alignment.md", "alignment_bins.csv", "alignment.json", "alignment.png", "accuracy_vs_upload.png"]
+      "members.csv", "alignment.md", "alignment_bins.csv", "alignment.json", "alignment.png"]
   saved = json.load(open(os.path.join(workdir, "report", "alignment.json")))
   both = np.concatenate([pairs[0], pairs[1]])
   assert saved["n"] == 60
@@ -433,6 +432,8 @@ def test_reference_marks_only_differences_larger_than_the_noise(tmp_path):
   assert row.p_value.item() == pytest.approx(scipy.stats.ttest_rel(diffs, np.zeros(3)).pvalue)
   paired_md = open(os.path.join(workdir, "report", "paired.md")).read()
   assert "within the noise" in paired_md
+  for text in (markdown, paired_md):  # the title, one blank line, then the first section
+    assert text.startswith("# ") and "\n\n\n" not in text and text.split("\n")[1] == ""
   # Beside the published Δ: FedAsync's significant drop holds at α = 0.1 and reverses the paper at α = 1.0;
   # FedPSA's noise resolves nothing; the published table sits under ours, only in the accuracy's section.
   line = lambda method, column: next(l for l in paired_md.splitlines() if l.startswith(f"| {method} | {column} |"))

@@ -29,7 +29,10 @@ def accuracy_vs_upload(run_dir: str) -> tuple[list[float], list[float]]:
 
 
 def group_figures(run_dirs: list[str], out_dir: str) -> list[str]:
-  """Accuracy against accumulated uploaded MiB for `run_dirs`, one PNG in `out_dir`; returns its path."""
+  """Accuracy against accumulated uploaded MiB for `run_dirs`, one PNG in `out_dir`; returns its path (none
+  without a run: an empty figure would say nothing)."""
+  if not run_dirs:
+    return []
   plt = report_lib.pyplot()
   os.makedirs(out_dir, exist_ok=True)
   fig, ax = plt.subplots(figsize=(6.4, 4.2))

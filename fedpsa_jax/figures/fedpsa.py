@@ -151,7 +151,7 @@ def alignment_report(r: report_lib.SweepReport) -> list[str]:
                                  "(configs/paper/fig6.py)")
   bin_width = float(r.spec.get("bin_width", 0.1))
   stats = {**alignment_stats(kappa, align, bin_width), "intervals": alignment_intervals(kappa, align, bin_width)}
-  written.append(report_lib.write_text(r.path("alignment.md"), r.title + alignment_markdown(stats)))
+  written.append(report_lib.write_text(r.path("alignment.md"), r.title + "\n" + alignment_markdown(stats)))
   written.append(report_lib.write_csv(pd.DataFrame(stats["bins"]), r.path("alignment_bins.csv")))
   io.write_json_atomic(r.path("alignment.json"), stats)
   written.append(r.path("alignment.json"))
