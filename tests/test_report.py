@@ -274,6 +274,19 @@ def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
   assert "95% bootstrap intervals" in open(os.path.join(workdir, "report", "alignment.md")).read()
 
 
+def test_alignment_report_without_pairs_says_so_while_members_run_and_is_an_error_once_all_finished(tmp_path):
+  # A sweep in progress (one member still running, no FedPSA pairs yet): the report is written, and says why
+  # there is no figure yet; the same sweep with every member finished and still no pair is misconfigured.
+  status = lambda m: {"status": "running" if m.labels["seed"] == 1 else "completed"}
+  workdir = _fake_members(tmp_path, "running", "configs/paper/fig6.py:smoke,seeds=2", status, lambda m: [])
+  assert "alignment.png" not in _report_files(workdir, report.build(workdir))
+  text = open(os.path.join(workdir, "report", "alignment.md")).read()
+  assert text.startswith("# ") and "No κ-alignment pairs yet: 1 of 2 members have completed" in text
+  workdir = _fake_members(tmp_path, "finished", "configs/paper/fig6.py:smoke,seeds=2", lambda m: {}, lambda m: [])
+  with pytest.raises(report.ReportError, match="no κ-alignment pairs .* fedpsa.log_alignment=True"):
+    report.build(workdir)
+
+
 # --- report kinds ---------------------------------------------------------------------------------------
 
 

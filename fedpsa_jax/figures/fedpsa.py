@@ -142,9 +142,16 @@ def alignment_figure(stats: dict[str, Any], path: str, pairs: tuple[np.ndarray, 
 
 def alignment_report(r: report_lib.SweepReport) -> list[str]:
   """Report kind 'alignment' (Fig. 6): the pairs of every completed member pooled, their statistics
-  (`spec.bin_width`, default 0.1) with bootstrap intervals (`alignment_intervals`) and the bin plot. No pairs is an error naming the config that logs them."""
+  (`spec.bin_width`, default 0.1) with bootstrap intervals (`alignment_intervals`) and the bin plot. No pairs
+  while members are still to finish gives alignment.md saying so (the report of a sweep in progress); no pairs
+  once all have finished is an error naming the config that logs them."""
   written = report_lib.table_curves(r)
-  kappa, align = alignment_pairs(report_lib.completed(r.frame)["run_dir"].tolist())
+  done = report_lib.completed(r.frame)
+  kappa, align = alignment_pairs(done["run_dir"].tolist())
+  if len(kappa) == 0 and len(done) < len(r.frame):
+    note = (f"No κ-alignment pairs yet: {len(done)} of {len(r.frame)} members have completed, none with pairs "
+            "in its events.jsonl. Rerun the report once the FedPSA members have finished.\n")
+    return [*written, report_lib.write_text(r.path("alignment.md"), r.title + "\n" + note)]
   if len(kappa) == 0:
     raise report_lib.ReportError(f"{r.sweep_dir!r}: no κ-alignment pairs in the members' events.jsonl; allowed: a "
                                  "sweep run with fedpsa.log_alignment=True and output.events=True "
