@@ -6,6 +6,7 @@ Modes (fedpsa_jax/cli/modes.py):
   profile          compiled cost and time of each jitted piece: a table and WORKDIR/profile.json
   sweep            every member of a sweep config (configs/paper/*.py) into WORKDIR/runs/<member>; rerun resumes
   report           the tables and figures of a sweep or run directory, into WORKDIR/report
+                   (with --config=SWEEP_CONFIG: drawn with that config's report layout)
 
 Every failure a user can cause ends in one message on stderr, no traceback, and its exit code
 (fedpsa_jax/cli/__init__.py): 2 bad input (a flag, a config file or value, the workdir, ...), nothing done;

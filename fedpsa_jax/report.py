@@ -22,6 +22,8 @@
     an unknown kind is a ReportError naming the allowed ones;
   - then the figure plug-ins (`fedpsa_jax.figures`): `run_figures` per member into
     `report/runs/<member>/`, `group_figures` over all members into `report/`.
+  `build(workdir, layout)` draws a sweep with the `report` section of `layout` (a sweep config of the same name,
+  as JSON) instead of the stored one (`with_layout`): `--mode=report --config=SWEEP_CONFIG`.
 - a run directory (`metrics.jsonl`): its learning curve `report/learning_curve.png` and the plug-ins'
   `run_figures`.
 
@@ -123,10 +125,26 @@ def _tables(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], ou
   return written
 
 
-def sweep_report(sweep_dir: str) -> list[str]:
+def with_layout(sweep: dict[str, Any], layout: dict[str, Any] | None, sweep_dir: str) -> dict[str, Any]:
+  """`sweep` (sweep.json's sweep config) with its `report` section replaced by that of `layout` (a sweep config
+  as JSON, of the same name), or unchanged without one: a report drawn with a layout improved since the sweep
+  ran (the paper's numbers beside ours, another metric) without running a member again. The layout only says
+  how to present results: the members and their metrics are sweep.json's and the runs'."""
+  if layout is None:
+    return sweep
+  if layout.get("name") != sweep.get("name"):
+    raise ReportError(f"--config names sweep {layout.get('name')!r} but {sweep_dir!r} holds sweep "
+                      f"{sweep.get('name')!r}; allowed: the config of the sweep that ran there (its report section "
+                      "is used), or no --config (the layout stored in sweep.json)")
+  return {**sweep, "report": layout.get("report", {})}
+
+
+def sweep_report(sweep_dir: str, layout: dict[str, Any] | None = None) -> list[str]:
   """Every table and figure of a sweep directory into SWEEP_DIR/report; the paths written: members.csv,
-  the table (when the layout has rows or cols), the files of the layout's kind, the plug-ins' figures."""
+  the table (when the layout has rows or cols), the files of the layout's kind, the plug-ins' figures.
+  `layout`: a sweep config (as JSON) whose `report` section replaces the stored one (`with_layout`)."""
   sweep, frame = load_members(sweep_dir)
+  sweep = with_layout(sweep, layout, sweep_dir)
   spec = dict(sweep.get("report", {}))
   kind, kinds = spec.get("kind", "table"), report_kinds()
   if kind not in kinds:  # before any file is written
@@ -155,16 +173,20 @@ def run_report(run_dir: str) -> list[str]:
           *figures.run_figures(run_dir, out)]
 
 
-def build(workdir: str) -> list[str]:
-  """The report of a sweep directory or a run directory (module docstring); the paths written.
+def build(workdir: str, layout: dict[str, Any] | None = None) -> list[str]:
+  """The report of a sweep directory or a run directory (module docstring); the paths written. `layout`: for a
+  sweep directory, a sweep config (as JSON) whose `report` section to draw with (`with_layout`).
 
   A file of the directory that cannot be read, or is not what a run or sweep writes, is an
   `errors.DamagedRunFile` naming it (the readers in `io`); a report file that cannot be written (a
   read-only or full file system) an `errors.OutputWriteError`."""
   try:
     if os.path.exists(os.path.join(workdir, sweep_lib.SWEEP_FILE)):
-      return sweep_report(workdir)
+      return sweep_report(workdir, layout)
     if os.path.exists(os.path.join(workdir, io.METRICS_FILE)):
+      if layout is not None:
+        raise ReportError(f"--config names sweep {layout.get('name')!r} but {workdir!r} is a run directory; allowed: "
+                          "with a run directory, no sweep config (a run's report has no layout)")
       return run_report(workdir)
   except OSError as err:  # (reading raises DamagedRunFile: what is left is writing the report)
     raise errors.OutputWriteError.of(err, err.filename or os.path.join(workdir, REPORT_DIR)) from None
@@ -173,4 +195,4 @@ def build(workdir: str) -> list[str]:
 
 
 __all__ = ["GENERIC_KINDS", "REPORT_DIR", "ReportError", "ReportKind", "SweepReport", "build", "load_members",
-           "report_kinds", "run_report", "sweep_report"]
+           "report_kinds", "run_report", "sweep_report", "with_layout"]

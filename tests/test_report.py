@@ -21,6 +21,7 @@ import scipy.stats
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import api, figures, io, paper, report, report_lib, sweep
+from fedpsa_jax.cli import modes as cli_modes
 from fedpsa_jax.figures import fedpsa as fedpsa_figures
 from fedpsa_jax.models import get_model
 from fedpsa_jax.sim import runner
@@ -272,6 +273,33 @@ def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
     assert intervals[name][0] < saved[name] < intervals[name][1]
   assert all(lo <= saved[n] <= hi for n, (lo, hi) in intervals.items() if not math.isnan(lo))
   assert "95% bootstrap intervals" in open(os.path.join(workdir, "report", "alignment.md")).read()
+
+
+def test_a_sweep_is_redrawn_with_the_layout_of_its_config_and_only_of_its_own(tmp_path):
+  # A sweep that ran before its config's layout had the paper's numbers: sweep.json's report section lacks them.
+  spec = "configs/results/table1_mnist_5k.py:seeds=1"
+  acc = lambda m: {"final_test_accuracy": 0.5 + 0.01 * len(m.labels["method"]), "aulc_per_day": 0.4}
+  workdir = _fake_members(tmp_path, "older", spec, acc)
+  saved = json.load(open(os.path.join(workdir, "sweep.json")))
+  del saved["sweep"]["report"]["published"]
+  io.write_json_atomic(os.path.join(workdir, "sweep.json"), saved)
+  table = lambda: open(os.path.join(workdir, "report", "table.md")).read()
+  report.build(workdir)
+  assert "Published" not in table()
+  ours = pd.read_csv(os.path.join(workdir, "report", "table.csv"))
+  report.build(workdir, io.config_json(api_config(spec)))  # --mode=report --config=SPEC: today's layout
+  assert table().count("Published (FedPSA paper, Table 1") == 1
+  assert "| FedPSA (Ours) | 98.53 | **98.79** | **98.84** |" in table()  # paper.TABLE1_MNIST
+  pd.testing.assert_frame_equal(pd.read_csv(os.path.join(workdir, "report", "table.csv")), ours)  # same results
+  # Through the command line's mode: a sweep config is the layout; launch.py's default run config is not.
+  assert cli_modes.run_report(workdir, api_config("configs/default.py")) == 0 and "Published" not in table()
+  assert cli_modes.run_report(workdir, api_config(spec)) == 0 and "Published" in table()
+  with pytest.raises(report.ReportError, match="names sweep 'mnist-full' but .* holds sweep 'table1-mnist-5k'"):
+    report.build(workdir, io.config_json(api_config("configs/results/mnist_full.py")))
+  run_dir = sweep.member_dir(workdir, sweep.read_sweep_json(workdir)["members"][0]["name"])
+  open(os.path.join(run_dir, "metrics.jsonl"), "w").write(json.dumps({"day": 0.0, "test_accuracy": 0.1}) + "\n")
+  with pytest.raises(report.ReportError, match="is a run directory"):
+    report.build(run_dir, io.config_json(api_config(spec)))
 
 
 def test_alignment_report_without_pairs_says_so_while_members_run_and_is_an_error_once_all_finished(tmp_path):

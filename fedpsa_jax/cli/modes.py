@@ -101,15 +101,18 @@ def run_sweep(config: ml_collections.ConfigDict, options: Options) -> int:
   return cli.EXIT_FAILED if failed else cli.EXIT_OK
 
 
-def run_report(workdir: str | None) -> int:
-  """The report mode: tables and figures of a sweep or a run directory into WORKDIR/report."""
+def run_report(workdir: str | None, config: ml_collections.ConfigDict | None = None) -> int:
+  """The report mode: tables and figures of a sweep or a run directory into WORKDIR/report. With a sweep
+  `config` (`--config=SWEEP_CONFIG`), its report section is the layout (`report.with_layout`); any other
+  config (launch.py's default) is not used."""
   from fedpsa_jax import report  # matplotlib only when a report is drawn
 
   if not workdir:
     raise config_lib.ConfigError("--workdir is required for --mode=report; allowed: a sweep directory (with "
                                  "sweep.json) or a run directory (with metrics.jsonl)")
+  layout = io.config_json(config) if config is not None and sweep_lib.is_sweep_config(config) else None
   try:
-    written = report.build(workdir)
+    written = report.build(workdir, layout)
   except report.ReportError as err:  # (report.py's own error type: bad input as well)
     raise errors.UserError(str(err)) from None
   print("\n".join(["report written:", *written]))
@@ -122,7 +125,7 @@ def run_mode(config: ml_collections.ConfigDict, options: Options) -> int:
     raise config_lib.ConfigError("--workdir= is empty; allowed: a directory (without --workdir, the mode's "
                                  "default: a new runs/<config>-<time> for a run)")
   if options.mode == "report":
-    return run_report(options.workdir)
+    return run_report(options.workdir, config)
   if options.mode == "sweep":
     return run_sweep(config, options)
   if sweep_lib.is_sweep_config(config):
