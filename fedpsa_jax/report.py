@@ -4,7 +4,8 @@
 - a sweep directory (`sweep.json`, written by `fedpsa_jax.sweep`): reads every member's summary.json
   (and metrics.jsonl / events.jsonl where a figure needs them) and draws the layout of the sweep config's
   `report` section into `WORKDIR/report/`:
-  - always `members.csv` (one row per member: its labels and every summary field), the table
+  - always `members.csv` (one row per member: its run directory relative to WORKDIR, its labels and every
+    summary field), the table
     `table.md` / `table.csv` (rows × columns of `report.rows` / `report.cols`, cells the metric × scale,
     mean ± the half-width of its 95% t-interval over seeds when there are several, `table_ci95.csv` and
     `table_n.csv` then too; ▲/▼ where a paired difference from `report.reference` is larger than the noise,
@@ -140,7 +141,8 @@ def with_layout(sweep: dict[str, Any], layout: dict[str, Any] | None, sweep_dir:
 
 
 def sweep_report(sweep_dir: str, layout: dict[str, Any] | None = None) -> list[str]:
-  """Every table and figure of a sweep directory into SWEEP_DIR/report; the paths written: members.csv,
+  """Every table and figure of a sweep directory into SWEEP_DIR/report; the paths written: members.csv (its
+  `run_dir` relative to SWEEP_DIR),
   the table (when the layout has rows or cols), the files of the layout's kind, the plug-ins' figures.
   `layout`: a sweep config (as JSON) whose `report` section replaces the stored one (`with_layout`)."""
   sweep, frame = load_members(sweep_dir)
@@ -153,7 +155,10 @@ def sweep_report(sweep_dir: str, layout: dict[str, Any] | None = None) -> list[s
   os.makedirs(out, exist_ok=True)
   if "bytes_uploaded" in frame:
     frame["bytes_communicated"] = frame["bytes_uploaded"].astype(float) + frame["bytes_downloaded"].astype(float)
-  written = [report_lib.write_csv(frame.set_index("member"), os.path.join(out, "members.csv"))]
+  # Relative to the sweep directory: a report copied elsewhere (docs/results/) names no path of the machine
+  # that ran it, and stays true when the sweep directory moves.
+  listed = frame.assign(run_dir=[os.path.relpath(d, sweep_dir) for d in frame["run_dir"]])
+  written = [report_lib.write_csv(listed.set_index("member"), os.path.join(out, "members.csv"))]
   title = f"# {sweep.get('name')}: {sweep.get('description', '')}\n"  # (the name says -smoke for a smoke run)
   if spec.get("rows") or spec.get("cols"):
     written += _tables(sweep, frame, spec, out, title)

@@ -359,6 +359,10 @@ def test_sweep_report_dispatches_to_a_plugin_kind(tmp_path, monkeypatch):
   (r,) = seen
   assert (r.sweep_dir, r.out, r.spec["kind"], r.spec["rows"]) == (workdir, os.path.join(workdir, "report"), "scatter",
                                                                   ["method"])
+  # members.csv names each run relative to the sweep directory (no path of the machine that ran it).
+  listed = pd.read_csv(os.path.join(workdir, "report", "members.csv"))
+  assert list(listed["run_dir"]) == [os.path.relpath(d, workdir) for d in r.frame["run_dir"]]
+  assert all(not os.path.isabs(d) and os.path.isdir(os.path.join(workdir, d)) for d in listed["run_dir"])
   assert len(r.frame) == 10 and r.title.startswith("# fake: Fake table")
   # Two plug-ins defining one kind, or a plug-in redefining a generic one, is refused, not resolved by order.
   monkeypatch.setattr(figures, "modules", lambda: [plugin, types.SimpleNamespace(__name__="other", REPORT_KINDS={
