@@ -5,8 +5,8 @@
   (and metrics.jsonl / events.jsonl where a figure needs them) and draws the layout of the sweep config's
   `report` section into `WORKDIR/report/`:
   - always `members.csv` (one row per member: its run directory relative to WORKDIR, its labels and every
-    summary field), the table
-    `table.md` / `table.csv` (rows × columns of `report.rows` / `report.cols`, cells the metric × scale,
+    summary field), the table `table.md` / `table.csv` (rows × columns of `report.rows` / `report.cols`,
+    cells the metric × scale,
     mean ± the half-width of its 95% t-interval over seeds when there are several, `table_ci95.csv` and
     `table_n.csv` then too; ▲/▼ where a paired difference from `report.reference` is larger than the noise,
     all of them in `paired.md`; a table per `report.more_metrics` entry; the best of each column in bold
