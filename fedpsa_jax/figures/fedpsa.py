@@ -149,8 +149,8 @@ def alignment_report(r: report_lib.SweepReport) -> list[str]:
   done = report_lib.completed(r.frame)
   kappa, align = alignment_pairs(done["run_dir"].tolist())
   if len(kappa) == 0 and len(done) < len(r.frame):
-    note = (f"No κ-alignment pairs yet: {len(done)} of {len(r.frame)} members have completed, none with pairs "
-            "in its events.jsonl. Rerun the report once the FedPSA members have finished.\n")
+    note = (f"No κ-alignment pairs yet: {len(done)} of {len(r.frame)} members have completed, and their "
+            "events.jsonl files hold none. Rerun the report once the FedPSA members have finished.\n")
     return [*written, report_lib.write_text(r.path("alignment.md"), r.title + "\n" + note)]
   if len(kappa) == 0:
     raise report_lib.ReportError(f"{r.sweep_dir!r}: no κ-alignment pairs in the members' events.jsonl; allowed: a "
