@@ -206,12 +206,17 @@ def projection_matrix(key: jax.Array, k: int, d: int, dtype: Any = jnp.float32) 
   return (jax.random.normal(key, (k, d), dtype) / np.sqrt(k)).astype(dtype)
 
 
+def _leaf_shape(leaf: Any) -> tuple[int, ...]:
+  """The shape of a leaf given as an array or as a shape (`jax.ShapeDtypeStruct`)."""
+  return tuple(getattr(leaf, "shape", None) or np.shape(leaf))
+
+
 def split_projection(R: jax.Array, tree: Params) -> Params:
   """R [k, d] cut into one block per leaf of `tree` (arrays or shapes): the block of a leaf of shape S holds
   R's columns of that leaf in `ravel_pytree` order, shaped [k, *S], so that R vec(tree) = Σ_leaves
   ⟨block, leaf⟩ (`sketch`)."""
   leaves, treedef = jax.tree.flatten(tree)
-  shapes = [tuple(getattr(leaf, "shape", None) or np.shape(leaf)) for leaf in leaves]  # (arrays or shapes)
+  shapes = [_leaf_shape(leaf) for leaf in leaves]
   offsets = np.cumsum([0] + [int(np.prod(shape)) for shape in shapes])
   if offsets[-1] != R.shape[1]:
     raise ValueError(f"R has {R.shape[1]} columns but the tree has {offsets[-1]} entries")
@@ -258,7 +263,7 @@ def count_sketch_projection(key: jax.Array, k: int, tree: Params) -> Params:
   it holds 8 bytes per parameter instead of 4k (so any k fits), and its product is a gather and a sum
   (`sketch`). Not the paper's R: a `fedpsa.projection` option (docs/performance.md, "FedPSA's cost")."""
   leaves, treedef = jax.tree.flatten(tree)
-  sizes = tuple(int(np.prod(getattr(leaf, "shape", None) or np.shape(leaf))) for leaf in leaves)
+  sizes = tuple(int(np.prod(_leaf_shape(leaf))) for leaf in leaves)
   blocks = [CountSketchBlock(order=order, signs=signs, k=k) for order, signs in _count_sketch_draws(key, k, sizes)]
   return treedef.unflatten(blocks)
 
