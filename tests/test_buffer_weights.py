@@ -12,12 +12,14 @@ import pytest
 from fedpsa_jax.figures import buffer_weights
 
 
-def _run(root, name: str, method: str, records: list[dict]) -> str:
-  """A run directory holding config.json (its method) and metrics.jsonl (`records`)."""
+def _run(root, name: str, method: str, records: list[dict], status: str = "completed") -> str:
+  """A run directory holding config.json (its method), summary.json (`status`) and metrics.jsonl (`records`)."""
   run_dir = os.path.join(str(root), name)
   os.makedirs(run_dir)
   with open(os.path.join(run_dir, "config.json"), "w") as f:
     json.dump({"method": method}, f)
+  with open(os.path.join(run_dir, "summary.json"), "w") as f:
+    json.dump({"status": status, "method": method}, f)
   with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
     f.writelines(json.dumps({"day": 0.01 * i, "test_accuracy": 0.5, **r}) + "\n" for i, r in enumerate(records))
   return run_dir
@@ -47,13 +49,14 @@ def test_group_figures_writes_a_row_per_run_and_the_mean_per_method(tmp_path):
   runs = [_run(tmp_path, "a", "fedbuff", [{"weights": [0.1, 0.3]}]),
           _run(tmp_path, "b", "fedbuff", [{"weights": [0.2, 0.2]}]),
           _run(tmp_path, "c", "fedpsa", [{"weights": [0.5, 0.5], "temperature": 1.0, "kappa": [0.2, 0.2]}]),
-          _run(tmp_path, "d", "ca2fl", [{}])]
+          _run(tmp_path, "d", "ca2fl", [{}]),
+          _run(tmp_path, "e", "fedbuff", [{"weights": [0.9, 0.1]}], status="running")]
   out = str(tmp_path / "report")
   os.makedirs(out)
   written = buffer_weights.group_figures(runs, out)
   assert [os.path.basename(p) for p in written] == ["buffer_weights.md", "buffer_weights.csv"]
   table = pd.read_csv(written[1])
-  assert list(table["run"]) == ["a", "b", "c"]  # the run without weights has no row
+  assert list(table["run"]) == ["a", "b", "c"]  # no row for the run without weights, nor for the one still going
   text = open(written[0]).read()
   # FedBuff's two runs: Σw 0.4 both; heaviest 1.5 and 1.0 → mean 1.25; lightest 0.5 and 1.0 → 0.75.
   assert "| fedbuff | 1 | 0.400 | 1.250 | 0.750 | n/a | n/a | n/a |" in text

@@ -6,7 +6,7 @@ server_lr · s(τ) / B, FedPSA's softmax of κ / Temp of Eq. 19, AiFed's) is sum
 the weighting, B · w / Σw, whose heaviest and lightest entries are 1 for a plain mean. Runs that also log
 `temperature` and `kappa` (FedPSA) add Temp's range and the spread of κ in the buffer, which together set
 how far from uniform the softmax can go. `group_figures` writes `buffer_weights.md` / `.csv` for a sweep:
-one row per run and one per method (the mean of its runs). Reads run directories only: no JAX.
+one row per completed run and one per method (the mean of its runs). Reads run directories only: no JAX.
 """
 
 from __future__ import annotations
@@ -55,9 +55,11 @@ def _markdown(frame: pd.DataFrame, first: str) -> str:
 
 
 def group_figures(run_dirs: list[str], out_dir: str) -> list[str]:
-  """`buffer_weights.md` / `buffer_weights.csv`: `weight_spread` of every run among `run_dirs` that logs
-  weights, and the mean per method; nothing when none does."""
-  rows = [row for row in map(weight_spread, sorted(run_dirs)) if row is not None]
+  """`buffer_weights.md` / `buffer_weights.csv`: `weight_spread` of every completed run among `run_dirs` that
+  logs weights (a run still going would mix a part of its course into the means), and the mean per method;
+  nothing when there is none."""
+  done = [d for d in sorted(run_dirs) if (io.read_summary(d) or {}).get("status") == "completed"]
+  rows = [row for row in map(weight_spread, done) if row is not None]
   if not rows:
     return []
   runs = pd.DataFrame(rows)
