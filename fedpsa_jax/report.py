@@ -6,9 +6,8 @@
   `report` section into `WORKDIR/report/`:
   - always `members.csv` (one row per member: its run directory relative to WORKDIR, its labels and every
     summary field), the table `table.md` / `table.csv` (rows × columns of `report.rows` / `report.cols`,
-    cells the metric × scale,
-    mean ± the half-width of its 95% t-interval over seeds when there are several, `table_ci95.csv` and
-    `table_n.csv` then too; ▲/▼ where a paired difference from `report.reference` is larger than the noise,
+    cells the metric × scale, mean ± the half-width of its 95% t-interval over seeds when there are several,
+    `table_ci95.csv` and `table_n.csv` then too; ▲/▼ where a paired difference from `report.reference` is larger than the noise,
     all of them in `paired.md`; a table per `report.more_metrics` entry; the best of each column in bold
     within each group of the outer row axis; '-' for a member the sweep leaves out; the commits, data and
     machines of the members) and `curves.png` (learning curves: one panel per column, one line per row,
@@ -142,8 +141,8 @@ def with_layout(sweep: dict[str, Any], layout: dict[str, Any] | None, sweep_dir:
 
 def sweep_report(sweep_dir: str, layout: dict[str, Any] | None = None) -> list[str]:
   """Every table and figure of a sweep directory into SWEEP_DIR/report; the paths written: members.csv (its
-  `run_dir` relative to SWEEP_DIR),
-  the table (when the layout has rows or cols), the files of the layout's kind, the plug-ins' figures.
+  `run_dir` relative to SWEEP_DIR), the table (when the layout has rows or cols), the files of the layout's
+  kind, the plug-ins' figures.
   `layout`: a sweep config (as JSON) whose `report` section replaces the stored one (`with_layout`)."""
   sweep, frame = load_members(sweep_dir)
   sweep = with_layout(sweep, layout, sweep_dir)
