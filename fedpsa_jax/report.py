@@ -4,14 +4,14 @@
 - a sweep directory (`sweep.json`, written by `fedpsa_jax.sweep`): reads every member's summary.json
   (and metrics.jsonl / events.jsonl where a figure needs them) and draws the layout of the sweep config's
   `report` section into `WORKDIR/report/`:
-  - always `members.csv` (one row per member: its run directory relative to WORKDIR, its labels and every
-    summary field), the table `table.md` / `table.csv` (rows × columns of `report.rows` / `report.cols`,
-    cells the metric × scale, mean ± the half-width of its 95% t-interval over seeds when there are several,
-    `table_ci95.csv` and `table_n.csv` then too; ▲/▼ where a paired difference from `report.reference` is
-    larger than the noise, all of them in `paired.md`; a table per `report.more_metrics` entry; the best of each column in bold
-    within each group of the outer row axis; '-' for a member the sweep leaves out; the commits, data and
-    machines of the members) and `curves.png` (learning curves: one panel per column, one line per row,
-    mean over seeds with its interval as a band);
+  - always `members.csv` (one row per member: its run directory relative to WORKDIR, its labels and every summary
+    field), the table `table.md` / `table.csv` (rows × columns of `report.rows` / `report.cols`, cells the metric ×
+    scale, mean ± the half-width of its 95% t-interval over seeds when there are several, `table_ci95.csv` and
+    `table_n.csv` then too; ▲/▼ where a paired difference from `report.reference` is larger than the noise, all of
+    them in `paired.md`; a table per `report.more_metrics` entry; the best of each column in bold within each group
+    of the outer row axis; '-' for a member the sweep leaves out; the commits, data and machines of the members)
+    and `curves.png` (learning curves: one panel per column, one line per row, mean over seeds with its interval as
+    a band);
   - then the files of the layout's kind, `report.kind`, a function registered in `report_kinds()`:
     - `table` (the default): the learning curves above;
     - `curves`: `curves.png` laid out as `report.panels` × lines `report.lines` instead;
