@@ -73,6 +73,32 @@ class _QuietOrbax(logging.Filter):
 logging.getLogger("absl").addFilter(_QuietOrbax())
 
 
+def _raised_in_orbax(exc: BaseException | None) -> bool:
+  """Whether `exc`, or an exception it was raised while handling, passed through orbax's code."""
+  seen = set()
+  while exc is not None and id(exc) not in seen:
+    seen.add(id(exc))
+    if any(f"{os.sep}orbax{os.sep}" in frame.filename for frame in traceback.extract_tb(exc.__traceback__)):
+      return True
+    exc = exc.__cause__ or exc.__context__
+  return False
+
+
+class _QuietOrbaxFutures(logging.Filter):
+  """Drops asyncio's "Future exception was never retrieved" for a write that failed inside orbax: when one of
+  a save's writes fails, the others' failures (the same full disk) stay in futures nobody awaits, and asyncio
+  logs each with its traceback when the future is collected, late and at random. The save raised the first
+  failure, which its caller reports once. Every other asyncio record is kept."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if not str(record.msg).startswith(("Future exception was never retrieved", "Task exception was never retrieved")):
+      return True
+    return not (record.exc_info and _raised_in_orbax(record.exc_info[1]))
+
+
+logging.getLogger("asyncio").addFilter(_QuietOrbaxFutures())
+
+
 def _is_closed_loop_callback(exc_type: type, value: BaseException, tb: Any) -> bool:
   """A callback that tensorstore (under orbax) runs on one of its threads when a write finishes, into the
   event loop of a save that already failed and closed it: nothing is left to report (the save raised)."""
