@@ -56,16 +56,17 @@ test-avx2: $(STAMP)
 	FEDPSA_TEST_FULL_OPT=1 XLA_FLAGS="$(XLA_FLAGS) --xla_cpu_max_isa=AVX2" $(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal \
 		$(NUMERICS_TESTS) $(ARGS)
 
-# docs/results.md: its two sweeps (hours to a day of a 2-core CPU; rerun to resume, finished members are
+# docs/results.md: its three sweeps (hours to a day of a 2-core CPU; rerun to resume, finished members are
 # skipped), their reports, and the reports' files copied into docs/results/. DATA: a tfds data folder holding
 # the full MNIST prepared (README, "Data"); RESULTS: where the runs go.
 RESULTS ?= runs/results
 DATA ?= $(HOME)/tensorflow_datasets
-RESULT_SWEEPS := table1_mnist_5k mnist_full
+RESULT_SWEEPS := table1_mnist_5k mnist_full fedpsa_parts
 results: $(STAMP)
 	$(PY) launch.py --mode=sweep --config=configs/results/table1_mnist_5k.py --workdir=$(RESULTS)/table1_mnist_5k
 	$(PY) launch.py --mode=sweep --config=configs/results/mnist_full.py:data.data_dir=$(DATA) \
 		--workdir=$(RESULTS)/mnist_full
+	$(PY) launch.py --mode=sweep --config=configs/results/fedpsa_parts.py --workdir=$(RESULTS)/fedpsa_parts
 	$(MAKE) results-report
 
 # The reports alone (of finished or partly finished sweeps: a member not finished shows as n/a), drawn with the

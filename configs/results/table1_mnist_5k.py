@@ -25,16 +25,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   options, overrides = paper.parse_arg(arg)
   if "seeds=" not in (arg or ""):
     options.seeds = SEEDS
-  base = paper.paper_base(smoke=False)
-  base.data.name = "mnist_5k"
-  base.model.name = paper.PAPER_MODELS["mnist"]
-  base.sim.virtual_days = 0.25
-  base.eval.every_days = 0.0125
-  base.checkpoint.every_days = 0.05  # a killed member loses at most a fifth of its run
   return paper.sweep_config(
       "table1-mnist-5k",
       "Table 1's MNIST column at 0.25 virtual day on the embedded 5,000 MNIST images",
-      base,
+      paper.embedded_mnist_base(),
       [paper.method_axis(), paper.alpha_axis()],
       paper.seeds(options),
       {"rows": ["method"], "cols": ["alpha"], "reference": {"method": "fedbuff"},
