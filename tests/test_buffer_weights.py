@@ -50,13 +50,17 @@ def test_group_figures_writes_a_row_per_run_and_the_mean_per_method(tmp_path):
           _run(tmp_path, "b", "fedbuff", [{"weights": [0.2, 0.2]}]),
           _run(tmp_path, "c", "fedpsa", [{"weights": [0.5, 0.5], "temperature": 1.0, "kappa": [0.2, 0.2]}]),
           _run(tmp_path, "d", "ca2fl", [{}]),
-          _run(tmp_path, "e", "fedbuff", [{"weights": [0.9, 0.1]}], status="running")]
+          _run(tmp_path, "e", "fedbuff", [{"weights": [0.9, 0.1]}], status="running"),
+          _run(tmp_path, "method=fedpsa_uniform,seed=0", "fedpsa", [{"weights": [0.5, 0.5]}])]
   out = str(tmp_path / "report")
   os.makedirs(out)
   written = buffer_weights.group_figures(runs, out)
   assert [os.path.basename(p) for p in written] == ["buffer_weights.md", "buffer_weights.csv"]
   table = pd.read_csv(written[1])
-  assert list(table["run"]) == ["a", "b", "c"]  # no row for the run without weights, nor for the one still going
+  # No row for the run without weights, nor for the one still going; a sweep member is grouped by its method
+  # label, which may name a variant of its config's method.
+  assert list(table["run"]) == ["a", "b", "c", "method=fedpsa_uniform,seed=0"]
+  assert list(table["method"]) == ["fedbuff", "fedbuff", "fedpsa", "fedpsa_uniform"]
   text = open(written[0]).read()
   # FedBuff's two runs: Σw 0.4 both; heaviest 1.5 and 1.0 → mean 1.25; lightest 0.5 and 1.0 → 0.75.
   assert "| fedbuff | 1 | 0.400 | 1.250 | 0.750 | n/a | n/a | n/a |" in text

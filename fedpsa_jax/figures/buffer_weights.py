@@ -6,7 +6,7 @@ server_lr · s(τ) / B, FedPSA's softmax of κ / Temp of Eq. 19, AiFed's) is sum
 the weighting, B · w / Σw, whose heaviest and lightest entries are 1 for a plain mean. Runs that also log
 `temperature` and `kappa` (FedPSA) add Temp's range and the spread of κ in the buffer, which together set
 how far from uniform the softmax can go. `group_figures` writes `buffer_weights.md` / `.csv` for a sweep:
-one row per completed run and one per method (the mean of its runs). Reads run directories only: no JAX.
+one row per completed run and one per method label (the mean of its runs). Reads run directories only: no JAX.
 """
 
 from __future__ import annotations
@@ -25,6 +25,13 @@ COLUMNS = (("flushes", "flushes logged", 0), ("step", "Σw", 3), ("heaviest", "h
            ("kappa_spread", "κ spread", 3))
 
 
+def _method(run_dir: str, name: str) -> str:
+  """A sweep member's `method` label (its directory name, `sweep.member_name`: a sweep may run one method under
+  several labels, e.g. FedPSA with uniform weights), else the run's config `method`."""
+  labels = dict(part.split("=", 1) for part in name.split(",") if "=" in part)
+  return labels.get("method") or (io.read_config(run_dir) or {}).get("method", "?")
+
+
 def weight_spread(run_dir: str) -> dict[str, Any] | None:
   """Over the flushes logged in `run_dir`'s metrics.jsonl (the last one before each evaluation): the mean
   total weight Σw, the mean of B·max(w)/Σw and of B·min(w)/Σw, and, where logged, Temp's range and the mean of
@@ -36,8 +43,8 @@ def weight_spread(run_dir: str) -> dict[str, Any] | None:
   shapes = [len(w) * w / w.sum() for w in weights]
   temps = [float(r["temperature"]) for r in logged if r.get("temperature") is not None]
   kappas = [np.asarray(r["kappa"], float) for r in logged if r.get("kappa")]
-  config = io.read_config(run_dir) or {}
-  return {"run": os.path.basename(os.path.normpath(run_dir)), "method": config.get("method", "?"),
+  name = os.path.basename(os.path.normpath(run_dir))
+  return {"run": name, "method": _method(run_dir, name),
           "flushes": len(logged), "step": float(np.mean([w.sum() for w in weights])),
           "heaviest": float(np.mean([s.max() for s in shapes])), "lightest": float(np.mean([s.min() for s in shapes])),
           "temperature_min": min(temps, default=math.nan), "temperature_max": max(temps, default=math.nan),
