@@ -3,7 +3,8 @@
 FedPSA, FedBuff, CA2FL and FedAsync × seeds 0..1 (8 members) with Sec. 6.1's setup (the MNIST CNN, 50
 clients, FLGo Dirichlet, concurrency 20%, 5 epochs, batch 64, lr 0.01 × 0.999 per round, response times
 uniform on [10, 500]) for 0.05 virtual day (~170 client updates): each client holds ~1,260 images (~100 SGD
-steps per update), so this is the longest horizon whose sweep fits in about two hours of a 2-core CPU.
+steps per update): a horizon chosen for a sweep of about two hours on a 2-core CPU (docs/results.md gives the
+wall time it took).
 FedPSA's members record κ and the gradient alignment of every received update (events.jsonl). The report:
 the table (mean ± 95% interval, paired differences from FedBuff, the paper's Table 1 beside it) and Fig. 6's
 κ against alignment over FedPSA's updates, with bootstrap intervals on Pearson and Spearman.
