@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedpsa_jax.errors import UserError
+from fedpsa_jax.errors import UserError, is_disk_full
 
 # /3: in-flight jobs are records (`sim.executor.Job`), output positions under "outputs". One format is read:
 # an older checkpoint is refused (IncompatibleCheckpoint), not translated.
@@ -88,12 +88,15 @@ class _QuietOrbaxFutures(logging.Filter):
   """Drops asyncio's "Future exception was never retrieved" for a write that failed inside orbax: when one of
   a save's writes fails, the others' failures (the same full disk) stay in futures nobody awaits, and asyncio
   logs each with its traceback when the future is collected, late and at random. The save raised the first
-  failure, which its caller reports once. Every other asyncio record is kept."""
+  failure, which its caller reports once. A failure is orbax's when it passed through orbax's code, or when it
+  says the disk is full: tensorstore's own futures carry no Python frame, only the OS error's text (and only
+  orbax, through tensorstore, runs asyncio in a run). Every other asyncio record is kept."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     if not str(record.msg).startswith(("Future exception was never retrieved", "Task exception was never retrieved")):
       return True
-    return not (record.exc_info and _raised_in_orbax(record.exc_info[1]))
+    failure = record.exc_info[1] if record.exc_info else None
+    return not (failure is not None and (_raised_in_orbax(failure) or is_disk_full(failure)))
 
 
 logging.getLogger("asyncio").addFilter(_QuietOrbaxFutures())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import functools
 import gc
 import json
@@ -561,13 +562,17 @@ def test_orbax_background_tracebacks_are_dropped_and_its_warnings_kept():
 def test_never_retrieved_failures_of_orbax_writes_are_dropped_and_any_other_kept(caplog):
   """When one write of a save fails, asyncio logs the failures of the others ("Future exception was never
   retrieved", with a traceback) whenever their futures are collected, after the save has raised: those
-  records are dropped if the failure passed through orbax's code, directly or as the exception it was handling."""
+  records are dropped if the failure passed through orbax's code, directly or as the exception it was handling,
+  or says the disk is full (tensorstore's own futures hold its error text and no Python frame)."""
   namespace = {}
   orbax_file = os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "_src", "path", "async_path.py")
   exec(compile("def write():\n  raise OSError(28, 'No space left on device')\n", orbax_file, "exec"), namespace)
 
   def mine():
-    raise OSError(28, "No space left on device")
+    raise OSError(errno.EIO, "Input/output error")
+
+  def tensorstore():  # (the text tensorstore gives a failed write, raised from no orbax frame)
+    raise ValueError('RESOURCE_EXHAUSTED: Error writing "a9/.zarray": No space left on device')
 
   def wrapped():  # (an exception raised while handling orbax's)
     try:
@@ -591,6 +596,7 @@ def test_never_retrieved_failures_of_orbax_writes_are_dropped_and_any_other_kept
   assert never_retrieved(mine) == ["Future exception was never retrieved"]  # (the mechanism, unfiltered)
   assert never_retrieved(namespace["write"]) == []
   assert never_retrieved(wrapped) == []
+  assert never_retrieved(tensorstore) == []
 
 
 def test_tensorstore_callbacks_into_a_closed_loop_are_not_printed(monkeypatch):
