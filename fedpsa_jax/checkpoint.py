@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedpsa_jax.errors import UserError, is_disk_full
+from fedpsa_jax.errors import UserError, exception_chain, is_disk_full
 
 # /3: in-flight jobs are records (`sim.executor.Job`), output positions under "outputs". One format is read:
 # an older checkpoint is refused (IncompatibleCheckpoint), not translated.
@@ -75,13 +75,8 @@ logging.getLogger("absl").addFilter(_QuietOrbax())
 
 def _raised_in_orbax(exc: BaseException | None) -> bool:
   """Whether `exc`, or an exception it was raised while handling, passed through orbax's code."""
-  seen = set()
-  while exc is not None and id(exc) not in seen:
-    seen.add(id(exc))
-    if any(f"{os.sep}orbax{os.sep}" in frame.filename for frame in traceback.extract_tb(exc.__traceback__)):
-      return True
-    exc = exc.__cause__ or exc.__context__
-  return False
+  return any(f"{os.sep}orbax{os.sep}" in frame.filename
+             for e in exception_chain(exc) for frame in traceback.extract_tb(e.__traceback__))
 
 
 class _QuietOrbaxFutures(logging.Filter):

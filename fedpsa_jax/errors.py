@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno as errno_lib
 import os
 import signal
+from typing import Iterator
 
 
 class UserError(Exception):
@@ -98,14 +99,20 @@ class Interrupted(KeyboardInterrupt):
     return f"interrupted by {self.signal_name}"
 
 
-def is_disk_full(err: BaseException) -> bool:
-  """Whether `err` (or an error it wraps) says the device or the quota is full."""
+def exception_chain(err: BaseException | None) -> Iterator[BaseException]:
+  """`err`, then the error it was raised from or while handling, and so on (each once: a chain may loop)."""
   seen = set()
   while err is not None and id(err) not in seen:
     seen.add(id(err))
-    if getattr(err, "errno", None) in (errno_lib.ENOSPC, errno_lib.EDQUOT):
-      return True
-    if "No space left on device" in str(err) or "Disk quota exceeded" in str(err):
-      return True  # (tensorstore, under orbax, reports the OS error as text)
+    yield err
     err = err.__cause__ or err.__context__
+
+
+def is_disk_full(err: BaseException) -> bool:
+  """Whether `err` (or an error it wraps) says the device or the quota is full."""
+  for e in exception_chain(err):
+    if getattr(e, "errno", None) in (errno_lib.ENOSPC, errno_lib.EDQUOT):
+      return True
+    if "No space left on device" in str(e) or "Disk quota exceeded" in str(e):
+      return True  # (tensorstore, under orbax, reports the OS error as text)
   return False
