@@ -45,7 +45,7 @@ from helpers import small_config
 
 strategies.load_all()  # so that the parametrisation below sees every registered strategy
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMING = set(runner.TIMING_FIELDS)
+TIMING = set(runner.PROCESS_FIELDS)
 
 
 @pytest.fixture(autouse=True)

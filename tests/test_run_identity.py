@@ -111,8 +111,8 @@ def test_run_of_an_older_config_shape_resumes_and_extends(tmp_path):
 
   again = runner.Simulation(_current(), workdir)  # no ConfigError: the same run
   assert again.resumed_from == config_lib.budget_units(old) and again.status == "completed"
-  assert {k: v for k, v in again.run().items() if k not in runner.TIMING_FIELDS} == {
-      k: v for k, v in first.items() if k not in runner.TIMING_FIELDS}
+  assert {k: v for k, v in again.run().items() if k not in runner.PROCESS_FIELDS} == {
+      k: v for k, v in first.items() if k not in runner.PROCESS_FIELDS}
 
   before = open(os.path.join(workdir, "metrics.jsonl")).read()
   longer = runner.Simulation(_current(days=1.5 * DAYS), workdir)

@@ -20,7 +20,7 @@ dispatched with; its result is recomputed on resume: it depends only on those), 
 `LoopState`, and the output positions. A `Simulation` on a workdir holding a run of the same config
 resumes from the newest complete checkpoint, truncating the outputs to the positions it recorded; without
 one it starts over. Metrics after a resume are bitwise those of an uninterrupted run on the same backend,
-apart from `TIMING_FIELDS` (wall-clock times, compiles, how the executor batched jobs, and the summary's
+apart from `PROCESS_FIELDS` (wall-clock times, compiles, how the executor batched jobs, and the summary's
 `provenance`, which names the machine and devices a process ran on).
 """
 
@@ -49,12 +49,13 @@ from fedpsa_jax.validation import is_number
 
 Params = Any
 _log = logging.getLogger(__name__)
-# Summary/metrics fields that may differ between identical runs: wall-clock times; compiles (jit caches are
-# shared by every run of a process); and how the executor grouped jobs (a resumed run recomputes the jobs
-# in flight at its checkpoint, in other batches). Everything else is exact.
-TIMING_FIELDS = ("wall_seconds", "train_seconds", "client_updates_per_second", "client_compute_seconds",
-                 "server_compute_seconds", "client_payload_seconds", "compiles", "compile_seconds",
-                 "padding_waste", "execution_batches", "provenance")
+# Summary/metrics fields that measure the process rather than the run, so may differ between identical runs:
+# wall-clock times; compiles (jit caches are shared by every run of a process); how the executor grouped jobs
+# (a resumed run recomputes the jobs in flight at its checkpoint, in other batches); the machine it ran on.
+# Everything else is exact.
+PROCESS_FIELDS = ("wall_seconds", "train_seconds", "client_updates_per_second", "client_compute_seconds",
+                  "server_compute_seconds", "client_payload_seconds", "compiles", "compile_seconds",
+                  "padding_waste", "execution_batches", "provenance")
 # The host runs ahead of the devices (nothing between evaluations waits for them) by at most this many
 # rounds: each round in flight holds its updates' buffers, so an unbounded lead could fill an accelerator's
 # memory between two evaluations. Two keep the devices fed: the host's work per round is far below theirs.

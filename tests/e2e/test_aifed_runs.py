@@ -92,7 +92,7 @@ def test_rank_run_resumes_bitwise_and_counts_its_bytes(tmp_path):
   resumed = runner.Simulation(_rank_run_config(), str(tmp_path / "cut"))
   assert resumed.resumed_from == int(0.02 * 86400) and np.asarray(resumed.state.rc_window).any()
   resumed.run()
-  timing = set(runner.TIMING_FIELDS)
+  timing = set(runner.PROCESS_FIELDS)
   for name in ("metrics.jsonl", "events.jsonl"):
     a = [{k: v for k, v in r.items() if k not in timing} for r in io.read_jsonl(str(tmp_path / "whole" / name))]
     b = [{k: v for k, v in r.items() if k not in timing} for r in io.read_jsonl(str(tmp_path / "cut" / name))]

@@ -89,7 +89,7 @@ def test_casa_resumes_exactly_from_a_checkpoint_after_splits(tmp_path):
   resumed = runner.Simulation(cfg(), str(tmp_path / "cut"))
   assert resumed.resumed_from == int(0.02 * 86400) and len(resumed.state.models) >= 2
   resumed.run()
-  timing = set(runner.TIMING_FIELDS)
+  timing = set(runner.PROCESS_FIELDS)
   for name in ("metrics.jsonl", "events.jsonl"):
     a = [{k: v for k, v in r.items() if k not in timing} for r in io.read_jsonl(str(tmp_path / "whole" / name))]
     b = [{k: v for k, v in r.items() if k not in timing} for r in io.read_jsonl(str(tmp_path / "cut" / name))]

@@ -1,7 +1,7 @@
 """Reliability: determinism, divergence, and bad input failing before any training.
 
 - Same config and seed -> identical metrics.jsonl, events.jsonl and summary.json (apart from
-  `runner.TIMING_FIELDS`, which docs/runs.md lists exactly); another seed differs.
+  `runner.PROCESS_FIELDS`, which docs/runs.md lists exactly); another seed differs.
 - A NaN/Inf in the global model or the test loss stops the run with status `diverged`, `diverged_at`
   {round, time, day} in summary.json, and every metrics line up to it kept; `stop_on_nan=False` runs on.
 - A table of bad inputs (config values, tfds data missing offline, unwritable workdir, a workdir of
@@ -30,7 +30,7 @@ from fedpsa_jax.data import sources
 from fedpsa_jax.sim import runner
 from helpers import ROOT, small_config
 
-TIMING = set(runner.TIMING_FIELDS)
+TIMING = set(runner.PROCESS_FIELDS)
 _cached_mnist_5k_raw = functools.cache(sources._mnist_5k_raw)
 
 
@@ -228,11 +228,11 @@ def run_launch(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_docs_list_exactly_the_fields_that_may_differ_after_a_resume():
-  """docs/runs.md's one list of the fields a resumed (or repeated) run may change is runner.TIMING_FIELDS."""
+  """docs/runs.md's one list of the fields a resumed (or repeated) run may change is runner.PROCESS_FIELDS."""
   text = " ".join(open(os.path.join(ROOT, "docs", "runs.md")).read().split())
   sentence = text.split("apart from the fields that measure the process rather than the run", 1)[1]
-  listed = re.findall(r"`([a-z_]+)`", sentence.split("`TIMING_FIELDS`):", 1)[1].split(" (", 1)[0])
-  assert listed == list(runner.TIMING_FIELDS)
+  listed = re.findall(r"`([a-z_]+)`", sentence.split("`PROCESS_FIELDS`):", 1)[1].split(" (", 1)[0])
+  assert listed == list(runner.PROCESS_FIELDS)
   assert {"compiles", "execution_batches"} <= set(listed)
 
 

@@ -19,7 +19,7 @@ from fedpsa_jax.sim import runner
 from helpers import _tiny_sweep, ROOT
 
 
-TIMING = set(runner.TIMING_FIELDS) | {"sweep_action"}
+TIMING = set(runner.PROCESS_FIELDS) | {"sweep_action"}
 
 
 def _launch(*args: str) -> subprocess.CompletedProcess:

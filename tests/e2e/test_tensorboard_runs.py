@@ -25,7 +25,7 @@ from helpers import ROOT, _tiny_sweep, small_config
 from tensorboard_events import event_files, scalars_by_step
 
 _cached_mnist_5k_raw = functools.cache(sources._mnist_5k_raw)
-TIMING = set(runner.TIMING_FIELDS)
+TIMING = set(runner.PROCESS_FIELDS)
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,7 @@ from fedpsa_jax.config import set_fields
 from helpers import ROOT, small_config
 from numerics import assert_close, f32_tolerance
 
-TIMING = set(runner.TIMING_FIELDS)
+TIMING = set(runner.PROCESS_FIELDS)
 
 
 def test_vmap_width_is_the_request_or_the_in_flight_count_rounded_up():
@@ -386,7 +386,7 @@ for ahead in (0, 2):
   placed = {{}}
   sim = runner.Simulation(small_config("fedpsa", days=0.015, runtime__execution="loop", runtime__jobs_ahead=ahead))
   sim.run_until(0.015)
-  runs[ahead] = {{"history": [{{k: v for k, v in r.items() if k not in runner.TIMING_FIELDS}} for r in sim.history],
+  runs[ahead] = {{"history": [{{k: v for k, v in r.items() if k not in runner.PROCESS_FIELDS}} for r in sim.history],
                  "placed": placed}}
 print(json.dumps({{"devices": jax.local_device_count(), "runs": runs}}))
 """

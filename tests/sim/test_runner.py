@@ -58,8 +58,8 @@ def test_summary_accounts_bytes_and_compute(method):
   untimed = runner.Simulation(small_config(method, days=0.01)).run()
   sim = runner.Simulation(small_config(method, days=0.01, runtime__phase_timing=True))
   summary = sim.run()
-  assert {k: v for k, v in summary.items() if k not in runner.TIMING_FIELDS} == {
-      k: v for k, v in untimed.items() if k not in runner.TIMING_FIELDS}  # timing changes nothing else
+  assert {k: v for k, v in summary.items() if k not in runner.PROCESS_FIELDS} == {
+      k: v for k, v in untimed.items() if k not in runner.PROCESS_FIELDS}  # timing changes nothing else
   phases = ("server_compute_seconds", "client_compute_seconds", "client_payload_seconds", "train_seconds")
   assert all(untimed[k] is None for k in phases)
   assert summary["client_payload_seconds"] >= 0 and summary["train_seconds"] == summary["client_compute_seconds"]
