@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator, Sequence
 import ml_collections
 
 from fedpsa_jax import config as config_lib
+from fedpsa_jax import compilation_cache as compilation_cache_lib
 from fedpsa_jax import io, run_identity
 from fedpsa_jax.data import fingerprint
 from fedpsa_jax.errors import ConfigError, DamagedRunFile, OutputWriteError, is_disk_full
@@ -213,37 +214,18 @@ def is_done(config_json: dict[str, Any], run_dir: str) -> bool:
   return same_budget and not run_identity.identity_differences(saved, fingerprint.pinned_json(config_json))
 
 
-def enable_compilation_cache(path: str) -> bool:
-  """Turns on JAX's persistent compilation cache in `path` for this process, unless one is configured.
-
-  A sweep's members compile the same functions again and again (new closures, same HLO); the cache,
-  keyed by HLO, backend and JAX version, spares a member most of its compiles (docs/performance.md). It
-  must be set before this process compiles anything (JAX reads it once), so the sweep mode calls it before
-  any member runs and each Ray task calls it in its worker. Cached executables are the compiled code
-  itself: results do not change. Returns whether it was set here."""
-  import jax
-
-  if jax.config.jax_compilation_cache_dir:
-    return False
-  os.makedirs(path, exist_ok=True)
-  jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # a sweep's many small compiles too
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  return True
-
-
 def run_member(config_json: dict[str, Any], run_dir: str, compilation_cache: str | None = None) -> dict[str, Any]:
   """Runs one member into `run_dir` unless it is done there; returns its summary.json as read back,
   with `sweep_action` 'ran' or 'skipped'.
 
   The one function both executors call (the Ray task sends the config as JSON), so both leave the same
   run directories and give the same summaries. A partial run directory continues from its checkpoint.
-  `compilation_cache`: a directory for `enable_compilation_cache` (None: leave JAX as configured).
+  `compilation_cache`: a directory for `compilation_cache.enable` (None: leave JAX as configured).
   """
   from fedpsa_jax.sim import runner  # imported here: expanding a sweep needs no JAX
 
   if compilation_cache:
-    enable_compilation_cache(compilation_cache)
+    compilation_cache_lib.enable(compilation_cache)
   if is_done(config_json, run_dir):
     return {**io.read_summary(run_dir), "sweep_action": "skipped"}
   config = ml_collections.ConfigDict(config_json)

@@ -17,6 +17,8 @@ import tempfile
 
 import pytest
 
+from fedpsa_jax import compilation_cache
+
 _CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 _OWNED = "FEDPSA_TEST_OWNS_JAX_CACHE"  # set on the process that made the directory, which removes it
 # A directory kept between sessions (`make test-fast` sets it): the next session reads every program it
@@ -38,6 +40,7 @@ def pytest_configure(config: pytest.Config) -> None:
   if kept:
     path = os.path.abspath(kept)
     os.makedirs(path, exist_ok=True)
+    compilation_cache.repair(path)  # what a Ctrl-C'd session left half-written would warn in every later one
     os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(_KEPT_CACHE_BYTES)
   else:
     path = tempfile.mkdtemp(prefix="fedpsa-jax-cache-")

@@ -19,8 +19,8 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 # docs/architecture.md's table, bottom up; a module may import its own layer and those below.
 LAYERS = (
-    ("foundations", ("errors", "signals", "choices", "validation", "seeding", "tree_util", "compiles", "memory",
-                     "provenance")),
+    ("foundations", ("errors", "signals", "choices", "validation", "seeding", "tree_util", "compiles", "compilation_cache",
+                     "memory", "provenance")),
     ("configuration", ("config",)),
     ("numerics and storage", ("data", "models", "local", "fisher", "sensitivity", "metrics", "checkpoint", "io",
                               "run_identity", "tensorboard")),

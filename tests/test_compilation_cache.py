@@ -1,0 +1,120 @@
+"""fedpsa_jax/compilation_cache.py: entries a killed writer left are found and removed, on hand-made entries and
+on JAX's own (in fresh processes, since JAX reads its cache settings once per process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import zlib
+
+import pytest
+
+from fedpsa_jax import compilation_cache
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENTRY = zlib.compress((1234).to_bytes(4, "big") + bytes(range(256)) * 8)  # JAX's layout: compile time, executable
+
+
+def _write(path, name, data):
+  with open(os.path.join(path, name), "wb") as f:
+    f.write(data)
+
+
+@pytest.mark.parametrize("cut", [0, 1, 2, len(ENTRY) // 2, len(ENTRY) - 4, len(ENTRY) - 1])
+def test_a_cut_stream_is_incomplete_and_the_whole_one_is_complete(cut):
+  assert compilation_cache.is_complete(ENTRY)
+  assert not compilation_cache.is_complete(ENTRY[:cut])  # the last 4 bytes are the checksum: cut too
+
+
+def test_a_damaged_checksum_or_trailing_bytes_are_incomplete():
+  assert not compilation_cache.is_complete(ENTRY[:-1] + bytes([ENTRY[-1] ^ 1]))
+  assert not compilation_cache.is_complete(ENTRY + b"\0")
+  assert not compilation_cache.is_complete(b"not compressed at all")
+  assert not compilation_cache.is_complete(zlib.compress(b"abc"))  # shorter than the compile-time prefix
+
+
+def test_repair_removes_truncated_entries_and_keeps_whole_ones(tmp_path):
+  _write(tmp_path, "jit_a-1-cache", ENTRY)
+  _write(tmp_path, "jit_b-2-cache", ENTRY[:100])
+  _write(tmp_path, "jit_c-3-cache", b"")
+  _write(tmp_path, "notes.txt", b"other files are left alone")
+  assert compilation_cache.damaged_entries(str(tmp_path)) == ["jit_b-2-cache", "jit_c-3-cache"]
+  assert compilation_cache.repair(str(tmp_path)) == ["jit_b-2-cache", "jit_c-3-cache"]
+  assert sorted(os.listdir(tmp_path)) == ["jit_a-1-cache", "notes.txt"]
+  assert compilation_cache.repair(str(tmp_path)) == []
+
+
+def test_an_entry_without_its_access_time_is_damaged_only_where_eviction_keeps_them(tmp_path):
+  plain, evicting = tmp_path / "plain", tmp_path / "evicting"
+  plain.mkdir(), evicting.mkdir()
+  _write(plain, "jit_a-1-cache", ENTRY)  # without a size cap JAX writes no -atime at all
+  assert compilation_cache.damaged_entries(str(plain)) == []
+  for name in ("jit_a-1", "jit_b-2"):
+    _write(evicting, name + "-cache", ENTRY)
+  _write(evicting, "jit_a-1-atime", (5).to_bytes(8, "little"))
+  _write(evicting, "jit_c-3-cache", ENTRY[:10])
+  _write(evicting, "jit_c-3-atime", (6).to_bytes(8, "little"))
+  assert compilation_cache.repair(str(evicting)) == ["jit_b-2-cache", "jit_c-3-cache"]
+  assert sorted(os.listdir(evicting)) == ["jit_a-1-atime", "jit_a-1-cache"]  # c's -atime went with it
+
+
+def test_repair_of_a_missing_directory_does_nothing(tmp_path):
+  assert compilation_cache.repair(str(tmp_path / "none")) == []
+
+
+_PROGRAM = textwrap.dedent("""
+    import sys
+    import jax, jax.numpy as jnp
+    from fedpsa_jax import compilation_cache
+    path, how, k = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    if how == "enable":
+      assert compilation_cache.enable(path)
+    else:  # JAX's cache as a user would set it, without the repair
+      jax.config.update("jax_compilation_cache_dir", path)
+      jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+      jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    print(float(jax.jit(lambda x: (jnp.sin(x) * k).sum())(jnp.ones(3))))
+""")
+
+
+def _compile(path, how, scale=2.0, max_size=None):
+  """A fresh process that compiles and runs one function with the cache in `path`; its stderr."""
+  env = {name: v for name, v in os.environ.items() if not name.startswith("JAX_COMPILATION_CACHE")}
+  if max_size:
+    env["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(max_size)
+  env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  done = subprocess.run([sys.executable, "-c", _PROGRAM, str(path), how, str(scale)], env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0, done.stderr
+  return done.stderr
+
+
+@pytest.mark.slow
+def test_jax_warns_on_a_truncated_entry_forever_and_the_repaired_cache_is_whole_again(tmp_path):
+  assert "Error" not in _compile(tmp_path, "enable")
+  entries = sorted(n for n in os.listdir(tmp_path) if n.endswith(compilation_cache.CACHE_SUFFIX))
+  assert entries and compilation_cache.damaged_entries(str(tmp_path)) == []
+  for name in entries:  # as a process killed halfway through writing each would leave them
+    with open(tmp_path / name, "r+b") as f:
+      f.truncate(os.path.getsize(tmp_path / name) // 2)
+  assert compilation_cache.damaged_entries(str(tmp_path)) == entries
+  for _ in range(2):  # JAX never rewrites an entry that exists: it warns in every process
+    assert "Error reading persistent compilation cache entry" in _compile(tmp_path, "plain")
+  assert "Error" not in _compile(tmp_path, "enable")
+  assert sorted(n for n in os.listdir(tmp_path) if n.endswith(compilation_cache.CACHE_SUFFIX)) == entries
+  assert compilation_cache.damaged_entries(str(tmp_path)) == []
+  assert "Error" not in _compile(tmp_path, "plain")  # read back whole
+
+
+@pytest.mark.slow
+def test_with_a_size_cap_an_entry_without_its_access_time_stops_every_write_until_repaired(tmp_path):
+  cap = 10**8
+  _compile(tmp_path, "plain", 2.0, cap)
+  orphan = next(n for n in os.listdir(tmp_path) if n.startswith("jit__lambda") and n.endswith("-atime"))
+  os.remove(tmp_path / orphan)  # killed between JAX's two writes
+  assert "Error writing persistent compilation cache entry" in _compile(tmp_path, "plain", 3.0, cap)
+  assert "Error" not in _compile(tmp_path, "enable", 4.0, cap)
+  assert compilation_cache.damaged_entries(str(tmp_path)) == []
+  assert len([n for n in os.listdir(tmp_path) if n.startswith("jit__lambda")]) == 2  # k = 4's entry, written
