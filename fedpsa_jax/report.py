@@ -39,7 +39,7 @@ from typing import Any
 import pandas as pd
 
 from fedpsa_jax import errors, figures, io
-from fedpsa_jax import report_lib
+from fedpsa_jax import report_lib, report_stats
 from fedpsa_jax import sweep as sweep_lib
 from fedpsa_jax.report_lib import ReportError, ReportKind, SweepReport
 
@@ -102,7 +102,8 @@ def _tables(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], ou
   """table.md: one table per metric of the layout (`report.metric`, then `report.more_metrics`) and the
   provenance of the members; per metric its means, intervals and seed counts as CSV (`table.csv`,
   `table_ci95.csv`, `table_n.csv` for the first; `table_<metric>*.csv` for the others); with
-  `report.reference`, every paired difference from the reference in paired.md / paired.csv."""
+  `report.reference`, every paired difference from the reference in paired.md / paired.csv, with its p adjusted
+  (Holm) over the comparisons of its metric's table."""
   metrics = [spec.get("metric", "final_test_accuracy"), *spec.get("more_metrics", [])]
   sections, written, paired = [title], [], []
   for k, metric in enumerate(metrics):
@@ -119,6 +120,8 @@ def _tables(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], ou
   written.insert(0, report_lib.write_text(os.path.join(out, "table.md"), "\n".join(sections)))
   if paired:
     both = pd.concat(paired, ignore_index=True)
+    # One family per metric's table: every method and column compared with the reference at once.
+    both["p_holm"] = both.groupby("metric", sort=False)["p_value"].transform(report_stats.holm)
     written.append(report_lib.write_text(os.path.join(out, "paired.md"),
                                          title + "\n" + report_lib.paired_markdown(both, spec)))
     written.append(report_lib.write_csv(both, os.path.join(out, "paired.csv")))

@@ -4,14 +4,15 @@ A sweep repeats each member over seeds 0..K-1, and two methods run with the same
 the clients' response times and the initial model. So a method is compared with a reference method seed by
 seed (a paired test, which removes the variation the seeds share), and a cell's own spread is the Student-t
 interval of its mean over the seeds. Both need at least two seeds; with one, they are NaN and the report
-says it has one seed.
+says it has one seed. A report makes many such comparisons at once (every method and column against the
+reference), so beside each p it gives Holm's adjustment over the comparisons of its table (`holm`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import scipy.stats
@@ -73,4 +74,19 @@ def paired_difference(values: Mapping[int, float], reference: Mapping[int, float
   return PairedDifference(diff, p_value)
 
 
-__all__ = ["CONFIDENCE", "Interval", "PairedDifference", "SIGNIFICANCE", "interval", "paired_difference"]
+def holm(p_values: Sequence[float]) -> np.ndarray:
+  """Holm's step-down adjustment of a family of p-values (NaN ones, too few seeds, are left out of the family
+  and stay NaN): sorted ascending, the j-th (from 1) becomes max over i ≤ j of min(1, (m − i + 1) p_(i)), m the
+  number of p-values. An adjusted p below SIGNIFICANCE keeps the family-wise error rate of all m comparisons
+  read together below it, where the plain p bounds each comparison's alone."""
+  p = np.asarray(p_values, float)
+  adjusted = np.full(p.shape, math.nan)
+  present = np.flatnonzero(~np.isnan(p))
+  order = present[np.argsort(p[present], kind="stable")]
+  m = len(order)
+  scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+  adjusted[order] = np.maximum.accumulate(scaled)
+  return adjusted
+
+
+__all__ = ["CONFIDENCE", "Interval", "PairedDifference", "SIGNIFICANCE", "holm", "interval", "paired_difference"]

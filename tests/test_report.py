@@ -423,6 +423,28 @@ def test_interval_and_paired_difference_agree_with_scipy():
   assert report_stats.paired_difference({0: 2.0, 1: 3.0}, {0: 1.0, 1: 2.0}).direction == 1  # a constant gap
 
 
+def test_holm_agrees_with_a_hand_computation_and_with_the_step_down_rule():
+  from fedpsa_jax import report_stats
+
+  # Sorted: 0.005 × 4 = 0.02, 0.01 × 3 = 0.03, 0.03 × 2 = 0.06, 0.04 × 1 = 0.04, raised to the running max 0.06.
+  got = report_stats.holm([0.01, 0.04, math.nan, 0.03, 0.005])
+  np.testing.assert_allclose(got, [0.03, 0.06, math.nan, 0.06, 0.02])
+  assert report_stats.holm([0.6, 0.9]).tolist() == [1.0, 1.0] and report_stats.holm([]).size == 0
+  rng = np.random.default_rng(0)
+  for _ in range(200):  # Holm's rule as stated: reject the i-th smallest iff every j ≤ i has p_(j) ≤ α / (m − j + 1)
+    p = rng.uniform(0, 0.2, rng.integers(1, 12))
+    p[rng.uniform(size=p.size) < 0.2] = math.nan
+    present = np.flatnonzero(~np.isnan(p))
+    order, m = present[np.argsort(p[present])], len(present)
+    for alpha in (0.01, 0.05, 0.1):
+      rejected, still = set(), True
+      for j, i in enumerate(order):
+        still = still and p[i] <= alpha / (m - j)
+        if still:
+          rejected.add(int(i))
+      assert set(np.flatnonzero(report_stats.holm(p) <= alpha).tolist()) == rejected
+
+
 PUBLISHED = {"source": "Paper, Table 9", "metric": "final_test_accuracy",
              "values": [["fedbuff", "0.1", 98.0], ["fedbuff", "1.0", 97.0], ["fedasync", "0.1", 95.0],
                         ["fedasync", "1.0", 97.5], ["fedpsa", "0.1", 98.5]]}  # FedAsync > FedBuff at α = 1.0: reversed
@@ -476,8 +498,12 @@ def test_reference_marks_only_differences_larger_than_the_noise(tmp_path):
   diffs = 100 * np.array([0.02, -0.03, 0.01])
   assert row.difference.item() == pytest.approx(diffs.mean())
   assert row.p_value.item() == pytest.approx(scipy.stats.ttest_rel(diffs, np.zeros(3)).pvalue)
+  for _, rows in paired.groupby("metric"):  # Holm over each metric's table: the smallest p times their number
+    first = rows.p_value.idxmin()
+    assert rows.p_holm[first] == pytest.approx(min(1.0, rows.p_value.notna().sum() * rows.p_value[first]))
+    assert (rows.p_holm >= rows.p_value).all()
   paired_md = open(os.path.join(workdir, "report", "paired.md")).read()
-  assert "within the noise" in paired_md
+  assert "within the noise" in paired_md and "| p | p (Holm) | seeds | verdict |" in paired_md
   for text in (markdown, paired_md):  # the title, one blank line, then the first section
     assert text.startswith("# ") and "\n\n\n" not in text and text.split("\n")[1] == ""
   # Beside the published Δ: FedAsync's significant drop holds at α = 0.1 and reverses the paper at α = 1.0;
