@@ -37,6 +37,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -79,8 +80,12 @@ def _raised_in_orbax(exc: BaseException | None) -> bool:
              for e in exception_chain(exc) for frame in traceback.extract_tb(e.__traceback__))
 
 
+# asyncio names the future's class: Future, Task, _GatheringFuture (a gather's, as orbax awaits a save's writes).
+_NEVER_RETRIEVED = re.compile(r"\w+ exception was never retrieved")
+
+
 class _QuietOrbaxFutures(logging.Filter):
-  """Drops asyncio's "Future exception was never retrieved" for a write that failed inside orbax: when one of
+  """Drops asyncio's "<Future class> exception was never retrieved" for a write that failed inside orbax: when one of
   a save's writes fails, the others' failures (the same full disk) stay in futures nobody awaits, and asyncio
   logs each with its traceback when the future is collected, late and at random. The save raised the first
   failure, which its caller reports once. A failure is orbax's when it passed through orbax's code, or when it
@@ -88,7 +93,7 @@ class _QuietOrbaxFutures(logging.Filter):
   orbax, through tensorstore, runs asyncio in a run). Every other asyncio record is kept."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    if not str(record.msg).startswith(("Future exception was never retrieved", "Task exception was never retrieved")):
+    if not _NEVER_RETRIEVED.match(str(record.msg)):
       return True
     failure = record.exc_info[1] if record.exc_info else None
     return not (failure is not None and (_raised_in_orbax(failure) or is_disk_full(failure)))
