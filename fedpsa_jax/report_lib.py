@@ -261,33 +261,31 @@ def _product(lists: Sequence[Sequence[Any]]) -> list[tuple]:
 
 def paired_markdown(paired: pd.DataFrame, spec: dict[str, Any]) -> str:
   """paired.md: per metric, every cell's difference from the reference (same column, same seeds): Δ ± the
-  half-width of its 95% t-interval, the paired t-test's p and, where `paired` has `p_holm`, its Holm adjustment
-  over the metric's comparisons, the pairs, and whether Δ is larger than the noise."""
+  half-width of its 95% t-interval, the paired t-test's p and its Holm adjustment over the metric's comparisons
+  (`p_holm`, report_stats.holm), the pairs, and whether Δ is larger than the noise."""
   reference = " ".join(display_name(spec, v) for v in dict(spec.get("reference") or {}).values())
   decimals = int(spec.get("decimals", 2))
   keys = [c for c in paired.columns if c not in ("column", "difference", "ci95_half_width", "p_value", "p_holm",
                                                   "seeds", "metric", "published_difference")]
-  holm = "p_holm" in paired
   level = f"{report_stats.SIGNIFICANCE:.2f}"
   sections = [f"Paired differences from {reference}: each cell minus {reference}'s cell of the same column, over "
-              f"the seeds both have (a paired t-test; 'larger than the noise' when p < {level})."
-              + (f" Each table makes many comparisons at once, so some p < {level} are expected by chance alone: "
-                 "p (Holm) is p adjusted over the comparisons of its table (Holm's step-down), and a difference "
-                 f"whose p (Holm) is below {level} stays larger than the noise when all of them are read together."
-                 if holm else "") + "\n"]
+              f"the seeds both have (a paired t-test; 'larger than the noise' when p < {level}). Each table makes "
+              f"many comparisons at once, so some p < {level} are expected by chance alone: p (Holm) is p adjusted "
+              "over the comparisons of its table (Holm's step-down), and a difference whose p (Holm) is below "
+              f"{level} stays larger than the noise when all of them are read together.\n"]
+  p_text = lambda v: "n/a" if np.isnan(v) else f"{v:.3f}"
   for metric, rows in paired.groupby("metric", sort=False):
     with_paper = rows["published_difference"].notna().any()
     extra = ["published Δ", "the published ordering"] if with_paper else []
-    stats = ["column", "Δ", "p", *(["p (Holm)"] if holm else []), "seeds", "verdict"]
+    stats = ["column", "Δ", "p", "p (Holm)", "seeds", "verdict"]
     lines = [f"## {display_name(spec, metric)}\n",
              "| " + " | ".join([display_name(spec, k) for k in keys] + stats + extra) + " |",
              "|" + "---|" * (len(keys) + len(stats) + len(extra))]
     for _, r in rows.iterrows():
       half = "" if np.isnan(r.ci95_half_width) else f" ± {r.ci95_half_width:.{decimals}f}"
-      p = lambda v: "n/a" if np.isnan(v) else f"{v:.3f}"
       verdict = ("one seed: unknown" if r.seeds < 2 else "within the noise" if not r.p_value < report_stats.SIGNIFICANCE
                  else "higher" if r.difference > 0 else "lower")
-      cells = [str(r.column), f"{r.difference:+.{decimals}f}{half}", p(r.p_value), *([p(r.p_holm)] if holm else []),
+      cells = [str(r.column), f"{r.difference:+.{decimals}f}{half}", p_text(r.p_value), p_text(r.p_holm),
                str(int(r.seeds)), verdict]
       if with_paper:
         cells += ["-" if np.isnan(r.published_difference) else f"{r.published_difference:+.2f}", _ordering(r.published_difference, r.difference, verdict)]
