@@ -4,7 +4,7 @@ A sweep's members compile the same functions again and again (new closures, same
 HLO, backend and JAX version, spares a member most of its compiles (docs/performance.md). Cached executables
 are the compiled code itself: results do not change.
 
-JAX writes an entry in place (`jax/_src/lru_cache.py`: `KEY-cache`, then, when a size cap turns eviction on,
+JAX writes an entry in place (its file cache, `LRUCache`: `KEY-cache`, then, when a size cap turns eviction on,
 `KEY-atime`), and never rewrites a key that exists. So a process killed while it writes (a stopped sweep, a
 Ctrl-C'd `make test-fast`) can leave
 - a truncated `KEY-cache`: every later process that compiles that function warns "Error reading persistent
@@ -22,10 +22,10 @@ import logging
 import os
 import zlib
 
-CACHE_SUFFIX = "-cache"  # jax/_src/lru_cache.py's names for an entry and its last-access time
+CACHE_SUFFIX = "-cache"  # JAX's file-cache names for an entry and its last-access time
 ATIME_SUFFIX = "-atime"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # a zstd frame; JAX compresses with zstd when it can import it, else zlib
-_TIME_BYTES = 4  # the compile time JAX stores before the executable (jax/_src/compilation_cache.py)
+_TIME_BYTES = 4  # the compile time JAX stores before the executable (JAX 0.10's entry layout)
 
 _log = logging.getLogger(__name__)
 
