@@ -6,9 +6,11 @@ at all (a temporary file renamed into place) and read with NumPy's loader with p
 one that cannot be read or is not what its key promises is ignored, decoded again and rewritten. A cache
 directory that cannot be written costs the decode, never the run.
 
-A file's name is its key: what it was decoded from. For a tfds split that is the prepared files themselves
-(`split_fingerprint`: their names, sizes and modification times under their resolved directory), so a dataset
-prepared again, or another copy elsewhere, gets its own entry.
+A file's name is its key: what it was decoded from. For a tfds split that is the place and the prepared files
+themselves (`split_fingerprint`: the resolved directory, then the files' names, sizes and modification times), so
+a dataset prepared again, or another copy elsewhere, gets its own entry; an entry for files prepared again in the
+same place replaces the earlier one, which nothing can read any more (without that, every preparation, or every
+copy of the folder made afresh, would leave ~55 MB of MNIST behind).
 
 The root is `$FEDPSA_JAX_CACHE`, else `$XDG_CACHE_HOME/fedpsa-jax`, else `~/.cache/fedpsa-jax`; delete it at
 any time to free the space (MNIST: ~55 MB, CIFAR: ~180 MB).
@@ -53,8 +55,11 @@ def read_arrays(path: str, valid: Callable[[np.ndarray, np.ndarray], bool]) -> t
   return (x, y) if ok else None
 
 
-def write_arrays(path: str, x: np.ndarray, y: np.ndarray) -> None:
-  """Writes the file whole or not at all (a temporary file renamed); an unwritable place is no error."""
+def write_arrays(path: str, x: np.ndarray, y: np.ndarray, replaces: str | None = None) -> None:
+  """Writes the file whole or not at all (a temporary file renamed); an unwritable place is no error.
+
+  `replaces`: a file-name prefix in the same directory; once `path` is in place, the other entries that start with
+  it are removed (the same split decoded from files since prepared again in the same place)."""
   tmp = None
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -66,11 +71,20 @@ def write_arrays(path: str, x: np.ndarray, y: np.ndarray) -> None:
     if tmp is not None:
       with contextlib.suppress(OSError):
         os.remove(tmp)
+    return
+  if replaces:
+    directory, name = os.path.split(path)
+    with contextlib.suppress(OSError):
+      for old in os.listdir(directory):
+        if old != name and old.startswith(replaces) and old.endswith(".npz"):
+          with contextlib.suppress(OSError):
+            os.remove(os.path.join(directory, old))
 
 
 def split_fingerprint(directory: str, split: str) -> str | None:
-  """A short digest of one prepared tfds split: the resolved directory and the name, size and modification time
-  of each of its files (`<dataset>-<split>.<format>-<shard>-of-<n>`); None when the directory holds none."""
+  """A short key of one prepared tfds split, `<place>-<files>`: a digest of the resolved directory and the split,
+  then one that adds the name, size and modification time of each of its files
+  (`<dataset>-<split>.<format>-<shard>-of-<n>`); None when the directory holds none."""
   try:
     directory = os.path.realpath(directory)
     entries = sorted(os.scandir(directory), key=lambda e: e.name)
@@ -80,5 +94,5 @@ def split_fingerprint(directory: str, split: str) -> str | None:
            if e.is_file() and f"-{split}." in e.name]
   if not files:
     return None
-  blob = json.dumps([FORMAT, directory, split, files])
-  return hashlib.sha256(blob.encode()).hexdigest()[:16]
+  digest = lambda value: hashlib.sha256(json.dumps(value).encode()).hexdigest()[:8]
+  return f"{digest([FORMAT, directory, split])}-{digest([FORMAT, directory, split, files])}"

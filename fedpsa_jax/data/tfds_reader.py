@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from typing import Any, Mapping
 
 import numpy as np
@@ -32,6 +33,23 @@ LABEL_FEATURE = "ClassLabel"
 
 class DatasetNotFoundError(DataError):
   """A tfds dataset is not prepared (in a randomly accessible format) where tfds looked."""
+
+
+class TfdsNotInstalledError(DatasetNotFoundError):
+  """tfds itself is missing from this Python: no tfds dataset can be read (a GPU image with its own packages)."""
+
+
+def _import_tfds(name: str):
+  """The tensorflow_datasets module, or TfdsNotInstalledError naming the package to install; imported only when a
+  tfds dataset is read (slow to import, and unneeded by the other sources)."""
+  try:
+    import tensorflow_datasets as tfds
+  except ImportError as err:
+    raise TfdsNotInstalledError(
+        f"tfds dataset {name!r}: reading it needs the tensorflow-datasets package, which this Python "
+        f"({sys.executable}) does not have: pip install -r requirements.txt (it pins tensorflow-datasets), or use "
+        f"an embedded dataset (data.name='mnist_5k')") from err
+  return tfds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,8 +219,10 @@ def read_split(name: str, split: str, data_dir: str | None, folder: str | None,
 
 
 def _store(path: str | None, arrays: tuple[np.ndarray, np.ndarray]) -> None:
+  """Caches the split at `path`, in place of the entries of its place decoded from earlier preparations."""
   if path is not None:
-    cache.write_arrays(path, *arrays)
+    name = os.path.basename(path)
+    cache.write_arrays(path, *arrays, replaces=name[:name.rindex("-") + 1])  # (the key's <files> digest follows)
 
 
 def _layout_of_source(source, name: str) -> Layout:
@@ -216,14 +236,13 @@ def _layout_of_source(source, name: str) -> Layout:
 
 def _open_folder_split(folder: str, split: str):
   """tfds' random-access source of one split of a prepared version folder."""
-  import tensorflow_datasets as tfds  # Imported here: slow to import and unneeded by other sources.
-
+  tfds = _import_tfds(dataset_name(folder))
   return tfds.builder_from_directory(folder).as_data_source(split=split)
 
 
 def _open_named_split(name: str, split: str, data_dir: str | None):
   """tfds' random-access source of one prepared split of `name`; DatasetNotFoundError saying how to prepare it."""
-  import tensorflow_datasets as tfds
+  tfds = _import_tfds(name)
 
   try:
     source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -273,11 +274,47 @@ def test_a_damaged_or_stale_cache_entry_is_decoded_again(data_dir, monkeypatch):
   entry = os.path.join(cache.cache_root(), entries[0])
   np.savez(entry, x=np.zeros((3, 28, 28, 1), np.uint8), y=np.zeros(3, np.int32))  # valid file, wrong content
   assert len(load().y_train) == 300 and len(decodes) == 5
-  # Prepared again (new files): another key, so the old entries are never read for the new data.
+  # Prepared again (new files): another key, so the old entries are never read for the new data; and the new
+  # training entry replaces the old one, which nothing could read any more (the test split's stays: unchanged).
   train_file = os.path.join(data_dir, "mnist", "3.0.1", "mnist-train.array_record-00000-of-00001")
   os.utime(train_file, ns=(1, 1))
   np.testing.assert_array_equal(load().x_train, reference.x_train)
   assert decodes[-1] == 300 and len(decodes) == 6
+  now = sorted(os.listdir(cache.cache_root()))
+  assert len(now) == 2 and [e for e in now if "-test-" in e] == [e for e in entries if "-test-" in e]
+  assert [e for e in now if "-train-" in e] != [e for e in entries if "-train-" in e]
+
+
+def test_a_copy_elsewhere_keeps_its_own_entry_beside_the_original(data_dir, tmp_path, monkeypatch):
+  """Entries are replaced only within one place: a second copy of the folder (the same files, another directory)
+  adds its entries, and both copies then load from the cache."""
+  decodes = _decodes(monkeypatch)
+  other = tmp_path / "elsewhere"
+  shutil.copytree(data_dir, other)
+  load = lambda where: sources.load_dataset("mnist", test_split="official", rng=np.random.default_rng(0),
+                                            data_dir=where)
+  load(data_dir), load(str(other))
+  assert decodes == [300, 100, 300, 100] and len(os.listdir(cache.cache_root())) == 4
+  load(data_dir), load(str(other))
+  assert len(decodes) == 4  # both served from the cache
+
+
+def test_without_tfds_a_tfds_dataset_is_one_line_naming_the_package_unless_it_is_cached(data_dir, monkeypatch,
+                                                                                       tmp_path):
+  """A Python without tensorflow-datasets (a GPU image with its own packages): reading a tfds dataset says which
+  package is missing and how to get it, as a DatasetNotFoundError (so launch prints one line, and the GPU
+  benchmark runs its stand-in); a split decoded before is read from the cache without tfds."""
+  load = lambda **kw: sources.load_dataset("mnist", test_split="official", rng=np.random.default_rng(0), **kw)
+  reference = load(data_dir=data_dir)  # decoded with tfds, and cached
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # `import tensorflow_datasets` now fails
+  np.testing.assert_array_equal(load(data_dir=data_dir).x_train, reference.x_train)
+  monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "empty-cache"))
+  words = (r"^tfds dataset 'mnist': reading it needs the tensorflow-datasets package, which this Python \(.*python.*\) "
+           r"does not have: pip install -r requirements.txt .*data.name='mnist_5k'")
+  for kw in ({"data_dir": data_dir}, {}):  # its folder found under data_dir; tfds asked to find it by name
+    with pytest.raises(tfds_reader.DatasetNotFoundError, match=words) as err:
+      load(**kw)
+    assert isinstance(err.value, tfds_reader.TfdsNotInstalledError) and "\n" not in str(err.value)
 
 
 def test_an_unwritable_cache_costs_only_the_decode(data_dir, monkeypatch, tmp_path):
