@@ -55,7 +55,10 @@ def _config(arg: str):
 
 
 def measure_run(model: str, method: str) -> dict:
-  """One simulation: updates/s after the warm-up (compiles excluded) and this process's peak RSS."""
+  """One simulation: updates/s after the warm-up (compiles excluded), this process's peak RSS and, where the device
+  keeps statistics (a GPU), its peak memory in use."""
+  import jax
+
   from fedpsa_jax.sim import runner
 
   name, _, projection = method.partition("+")  # "fedpsa+count_sketch": FedPSA with fedpsa.projection set
@@ -69,10 +72,14 @@ def measure_run(model: str, method: str) -> dict:
   summary = sim.finish()
   wall = time.perf_counter() - start - (sim.compiles.seconds - compile_seconds)
   updates = sim.loop.client_updates - updates
-  # ru_maxrss: KiB on Linux.
+  # ru_maxrss: KiB on Linux. A GPU's own peak is kept apart: there the model lives in device memory, not in RSS.
+  device_stats = [d.memory_stats() or {} for d in jax.local_devices()]
+  peak_device = max((s.get("peak_bytes_in_use", 0) for s in device_stats), default=0)
   return {"model": model, "method": method, "updates": updates, "updates_per_s": updates / wall,
           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-          "final_accuracy": summary["final_test_accuracy"]}
+          "peak_device_mb": peak_device / 2**20 if peak_device else None,
+          "final_accuracy": summary["final_test_accuracy"],
+          "device": f"{jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}"}
 
 
 def run_child(model: str, method: str) -> dict:
@@ -89,16 +96,18 @@ def run_child(model: str, method: str) -> dict:
 
 def runs() -> None:
   rows = []
+  # No JAX here: on a GPU this process would take the memory its children need (JAX preallocates).
   print(f"runs: {FLAGS.days} virtual days each, measured after {FLAGS.warmup_days}; {FLAGS.host_devices} host devices")
-  print(f"{'model':10s} {'method':19s} {'run':>3s} {'upd/s':>7s} {'peak RSS MB':>11s} {'final acc':>9s}")
+  print(f"{'model':10s} {'method':19s} {'run':>3s} {'upd/s':>7s} {'peak RSS MB':>11s} {'device MB':>9s} {'final acc':>9s}")
   for repeat in range(FLAGS.repeats):
     for model in FLAGS.models:
       for method in FLAGS.methods:
         r = run_child(model, method)
         rows.append(r)
+        device_mb = "-" if r["peak_device_mb"] is None else f"{r['peak_device_mb']:.0f}"
         print(f"{model:10s} {method:19s} {repeat + 1:3d} {r['updates_per_s']:7.2f} {r['peak_rss_mb']:11.0f} "
-              f"{r['final_accuracy']:9.4f}", flush=True)
-  print("\nmedians")
+              f"{device_mb:>9s} {r['final_accuracy']:9.4f}", flush=True)
+  print(f"\nmedians, on {rows[0]['device']}")
   for model in FLAGS.models:
     medians = {}
     for method in FLAGS.methods:
