@@ -46,7 +46,7 @@ def runtime_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   # How client updates run (fedpsa_jax/sim/executor.py): loop (one jitted update per job, on the client device
   # with the least work), vmap (pending jobs, buckets of similar step counts in one vmapped call), sharded (vmap
-  # split over all local devices), auto (loop on CPU, vmap/sharded on GPU: the fastest measured per platform).
+  # split over all local devices), auto (loop: the fastest measured on CPU and on one GPU, docs/performance.md).
   c.execution = "auto"
   # A client update's compiled form: unrolled (a host loop over one-step calls; CPU, conv models), rolled (the
   # whole update in one call; GPU, CPU without convolutions), auto (local.resolve_loop). Results agree to float

@@ -510,3 +510,11 @@ def test_a_vmap_run_resumes_bit_for_bit(method, tmp_path):
   first.close()
   runner.Simulation(config(), str(tmp_path / "cut")).run()
   assert outputs(tmp_path / "cut") == outputs(tmp_path / "whole")
+
+
+def test_auto_is_the_loop_on_every_backend_and_a_named_backend_is_kept():
+  """`auto` stands for `loop`, the fastest measured on a CPU and on a GPU (docs/performance.md); a backend
+  named in the config is used as named."""
+  assert executor_lib.resolve_execution("auto") == "loop"
+  for name in ("loop", "vmap", "sharded"):
+    assert executor_lib.resolve_execution(name) == name
