@@ -84,6 +84,25 @@ def _fast_compiles() -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0".strip()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _float32_products_on_accelerators():
+  """On a GPU or TPU, float32 matrix products and convolutions at float32 precision for the whole suite.
+
+  The tolerances of tests/numerics.py follow float32's rounding; an accelerator's default precision for them
+  is TF32 or bf16 passes, 2^13 times or more coarser, which no float32 tolerance fits. Users' runs keep the
+  default (docs/runs.md, "Determinism"). On a CPU nothing changes, and JAX is not even asked for its backend
+  unless an accelerator plugin is installed (asking would fix XLA's flags for the rest of the process)."""
+  import importlib.util
+
+  if importlib.util.find_spec("jax_plugins") is not None:
+    import jax
+
+    if jax.default_backend() != "cpu":
+      jax.config.update("jax_default_matmul_precision", "highest")
+      os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"  # (launch.py subprocesses)
+  yield
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
   if os.environ.get(_OWNED) == str(os.getpid()):
     shutil.rmtree(os.environ[_CACHE_ENV], ignore_errors=True)

@@ -285,7 +285,8 @@ def test_batch_chunked_conv_equals_the_plain_convolution(batch, padding):
 
 def test_batch_chunked_conv_computes_the_kernel_gradient_per_chunk_on_cpu():
   """The CPU program of the kernel gradient holds one convolution per chunk of 8 images (the speed-up)
-  where the plain convolution's holds one; the forward alone stays one convolution."""
+  where the plain convolution's holds one; the forward alone stays one convolution. On another backend
+  (a GPU) the kernel gradient is the plain convolution."""
   dn = ("NHWC", "HWIO", "NHWC")
   conv = lambda x, w: models.batch_chunked_conv(x, w, (1, 1), "SAME", dimension_numbers=dn)
   x, w = jnp.ones((64, 14, 14, 32)), jnp.ones((5, 5, 32, 64))
@@ -294,7 +295,7 @@ def test_batch_chunked_conv_computes_the_kernel_gradient_per_chunk_on_cpu():
   kernel_grad = lambda conv: jax.jit(jax.grad(lambda x, w: jnp.sum(conv(x, w)), argnums=1))
   plain = lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn)
   assert count(kernel_grad(plain)) == 1
-  assert count(kernel_grad(conv)) == 64 // models.CPU_CONV_CHUNK
+  assert count(kernel_grad(conv)) == (64 // models.CPU_CONV_CHUNK if jax.default_backend() == "cpu" else 1)
 
 
 def test_loop_issues_each_job_when_it_is_dispatched():
