@@ -90,16 +90,13 @@ def _float32_products_on_accelerators():
 
   The tolerances of tests/numerics.py follow float32's rounding; an accelerator's default precision for them
   is TF32 or bf16 passes, 2^13 times or more coarser, which no float32 tolerance fits. Users' runs keep the
-  default (docs/runs.md, "Determinism"). On a CPU nothing changes, and JAX is not even asked for its backend
-  unless an accelerator plugin is installed (asking would fix XLA's flags for the rest of the process)."""
-  import importlib.util
+  default (docs/runs.md, "Determinism"). On a CPU nothing changes. (Asking for the backend starts JAX: by now
+  pytest_configure has set the XLA flags it reads.)"""
+  import jax
 
-  if importlib.util.find_spec("jax_plugins") is not None:
-    import jax
-
-    if jax.default_backend() != "cpu":
-      jax.config.update("jax_default_matmul_precision", "highest")
-      os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"  # (launch.py subprocesses)
+  if jax.default_backend() != "cpu":
+    jax.config.update("jax_default_matmul_precision", "highest")
+    os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"  # (launch.py subprocesses)
   yield
 
 
