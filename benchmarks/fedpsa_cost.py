@@ -1,7 +1,7 @@
 """What FedPSA costs beside FedBuff: whole runs side by side, and the pieces of FedPSA's sketch (issue 33).
 
     python benchmarks/fedpsa_cost.py [--part=runs,pieces] [--models=mnist_cnn,linear] [--repeats=2]
-                                     [--days=0.05] [--warmup_days=0.01] [--piece_repeats=15]
+                                     [--days=0.05] [--warmup_days=0.01] [--piece_repeats=15] [--execution=auto]
 
 `runs`: FedBuff and FedPSA through the same runner with the same seeds (configs/default.py, `model=` each of
 `--models`, two forced host devices as `launch.py --host_devices=2` gives), one fresh process per run so that
@@ -41,6 +41,7 @@ flags.DEFINE_integer("repeats", 2, "runs per (model, method)")
 flags.DEFINE_float("days", 0.05, "virtual days per run")
 flags.DEFINE_float("warmup_days", 0.01, "virtual days before the measurement starts")
 flags.DEFINE_integer("host_devices", 2, "forced host devices per run (launch.py's default)")
+flags.DEFINE_string("execution", "auto", "runtime.execution of the runs (loop, vmap, sharded; auto: loop)")
 flags.DEFINE_integer("piece_repeats", 15, "timed calls per piece (median)")
 flags.DEFINE_string("child", "", "internal: run one model:method and print JSON")
 FLAGS = flags.FLAGS
@@ -51,6 +52,7 @@ def _config(arg: str):
 
   config = get_config(arg)
   config.runtime.progress = False
+  config.runtime.execution = FLAGS.execution
   return config
 
 
@@ -78,7 +80,7 @@ def measure_run(model: str, method: str) -> dict:
   return {"model": model, "method": method, "updates": updates, "updates_per_s": updates / wall,
           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
           "peak_device_mb": peak_device / 2**20 if peak_device else None,
-          "final_accuracy": summary["final_test_accuracy"],
+          "final_accuracy": summary["final_test_accuracy"], "execution": summary["execution"],
           "device": f"{jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}"}
 
 
@@ -86,8 +88,8 @@ def run_child(model: str, method: str) -> dict:
   env = dict(os.environ)
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
                       f" --xla_force_host_platform_device_count={FLAGS.host_devices}").strip()
-  argv = [sys.executable, os.path.abspath(__file__), f"--child={model}:{method}", f"--days={FLAGS.days}",
-          f"--warmup_days={FLAGS.warmup_days}"]
+  argv = [sys.executable, os.path.abspath(__file__), f"--child={model}:{method}", f"--execution={FLAGS.execution}",
+          f"--days={FLAGS.days}", f"--warmup_days={FLAGS.warmup_days}"]
   out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT)
   if out.returncode:
     raise RuntimeError(out.stderr[-3000:])
@@ -97,7 +99,8 @@ def run_child(model: str, method: str) -> dict:
 def runs() -> None:
   rows = []
   # No JAX here: on a GPU this process would take the memory its children need (JAX preallocates).
-  print(f"runs: {FLAGS.days} virtual days each, measured after {FLAGS.warmup_days}; {FLAGS.host_devices} host devices")
+  print(f"runs: {FLAGS.days} virtual days each, measured after {FLAGS.warmup_days}; {FLAGS.host_devices} host devices; "
+        f"runtime.execution={FLAGS.execution}")
   print(f"{'model':10s} {'method':19s} {'run':>3s} {'upd/s':>7s} {'peak RSS MB':>11s} {'device MB':>9s} {'final acc':>9s}")
   for repeat in range(FLAGS.repeats):
     for model in FLAGS.models:
@@ -107,7 +110,7 @@ def runs() -> None:
         device_mb = "-" if r["peak_device_mb"] is None else f"{r['peak_device_mb']:.0f}"
         print(f"{model:10s} {method:19s} {repeat + 1:3d} {r['updates_per_s']:7.2f} {r['peak_rss_mb']:11.0f} "
               f"{device_mb:>9s} {r['final_accuracy']:9.4f}", flush=True)
-  print(f"\nmedians, on {rows[0]['device']}")
+  print(f"\nmedians, on {rows[0]['device']}, execution {rows[0]['execution']}")
   for model in FLAGS.models:
     medians = {}
     for method in FLAGS.methods:
