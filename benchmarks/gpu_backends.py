@@ -1,12 +1,13 @@
 """The paper's MNIST and CIFAR-10 members per execution backend, for a GPU: updates/s, wall seconds per virtual day,
 peak memory.
 
-    python benchmarks/gpu_backends.py [--members=mnist,cifar10] [--executions=loop,vmap] [--days=0.05]
-                                      [--warmup_days=0.01] [--data_dir=DIR] [--small | --nosmall]
+    python benchmarks/gpu_backends.py [--members=mnist,cifar10] [--executions=loop,vmap] [--loops=auto]
+                                      [--days=0.05] [--warmup_days=0.01] [--data_dir=DIR] [--small | --nosmall]
 
 A member is `configs/paper/experiment.py:method=fedpsa,dataset=<member>` (Sec. 6.1: 50 clients, Dirichlet
 α = 0.1, 20% in flight, E = 5, B = 64, FedPSA's defaults; the MNIST CNN and the CIFAR CNN), run for `--days`
-virtual days with `runtime.execution` set to each backend, one fresh process per row (no jit cache shared,
+virtual days with `runtime.execution` set to each backend (and `runtime.loop` to each of `--loops`: the client
+update as one-step calls or one call), one fresh process per row (no jit cache shared,
 peak memory per row). Figures are taken after `--warmup_days`, compile time excluded:
 - updates/s: client updates received in the window per second of wall time;
 - s/day: wall seconds per virtual day (the paper's budget is 10 days);
@@ -53,6 +54,7 @@ def define_flags() -> None:
   benchmarks into one process, where two modules defining a flag of one name (`days`) is an error."""
   flags.DEFINE_list("members", ["mnist", "cifar10"], "the paper's datasets to run (configs/paper/experiment.py)")
   flags.DEFINE_list("executions", ["loop", "vmap"], "runtime.execution backends")
+  flags.DEFINE_list("loops", ["auto"], "runtime.loop of the rows (unrolled, rolled; auto: rolled off the CPU)")
   flags.DEFINE_float("days", None, "virtual days per run (default: 0.05; 0.01 with --small)")
   flags.DEFINE_float("warmup_days", None, "virtual days before the measurement starts (default: 0.01; 0.002 small)")
   flags.DEFINE_string("data_dir", None, "where tfds' prepared datasets are (None: tfds' default)")
@@ -135,15 +137,15 @@ def measure(config: ml_collections.ConfigDict, warmup_days: float, small: bool) 
   updates = summary["client_updates"] - updates
   memory, memory_source = peak_memory()
   window_days = config.sim.virtual_days - warmup_days
-  return {"member": member, "data": data, "execution": summary["execution"],
+  return {"member": member, "data": data, "execution": summary["execution"], "loop": sim.executor.trainer.loop,
           "device": jax.local_devices()[0].device_kind, "updates": updates, "window_days": window_days,
           "updates_per_s": updates / wall, "seconds_per_day": wall / window_days, "peak_bytes": memory,
           "memory_source": memory_source, "compile_seconds": summary["compile_seconds"], "rounds": summary["rounds"],
           "final_accuracy": summary["final_test_accuracy"]}
 
 
-def run_child(member: str, execution: str, small: bool, days: float, warmup_days: float) -> dict[str, Any]:
-  argv = [sys.executable, os.path.abspath(__file__), f"--child={member}:{execution}", f"--small={small}",
+def run_child(member: str, execution: str, loop: str, small: bool, days: float, warmup_days: float) -> dict[str, Any]:
+  argv = [sys.executable, os.path.abspath(__file__), f"--child={member}:{execution}:{loop}", f"--small={small}",
           f"--days={days}", f"--warmup_days={warmup_days}"] + ([f"--data_dir={FLAGS.data_dir}"] if FLAGS.data_dir else [])
   out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
   if out.returncode:
@@ -152,12 +154,12 @@ def run_child(member: str, execution: str, small: bool, days: float, warmup_days
 
 
 def row(r: dict[str, Any]) -> str:
-  return (f"{r['member']:8s} {r['execution']:5s} {r['updates']:7d} {r['updates_per_s']:8.2f} {r['seconds_per_day']:9.1f} "
+  return (f"{r['member']:8s} {r['execution']:5s} {r['loop']:8s} {r['updates']:7d} {r['updates_per_s']:8.2f} {r['seconds_per_day']:9.1f} "
           f"{r['peak_bytes'] / 2**30:7.2f} {r['memory_source']:6s} {r['compile_seconds']:8.1f} "
           f"{r['final_accuracy']:9.4f}  {r['data']}")
 
 
-HEADER = (f"{'member':8s} {'exec':5s} {'updates':>7s} {'upd/s':>8s} {'s/day':>9s} {'peak GiB':>7s} {'of':6s} "
+HEADER = (f"{'member':8s} {'exec':5s} {'loop':8s} {'updates':>7s} {'upd/s':>8s} {'s/day':>9s} {'peak GiB':>7s} {'of':6s} "
           f"{'compile s':>8s} {'final acc':>9s}  data")
 
 
@@ -168,9 +170,10 @@ def main(argv):
   small = FLAGS.small if FLAGS.small is not None else jax.default_backend() == "cpu"
   days, warmup_days = (FLAGS.days or DEFAULT_DAYS[small][0]), (FLAGS.warmup_days or DEFAULT_DAYS[small][1])
   if FLAGS.child:
-    member, execution = FLAGS.child.split(":")
+    member, execution, loop = FLAGS.child.split(":")
     config = member_config(member, small, FLAGS.data_dir)
     config.runtime.execution = execution
+    config.runtime.loop = loop
     config.sim.virtual_days = days
     print(json.dumps(measure(config, warmup_days, small)))
     return
@@ -179,7 +182,8 @@ def main(argv):
   print(HEADER)
   for member in FLAGS.members:
     for execution in FLAGS.executions:
-      print(row(run_child(member, execution, small, days, warmup_days)), flush=True)
+      for loop in FLAGS.loops:
+        print(row(run_child(member, execution, loop, small, days, warmup_days)), flush=True)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ How the steps are looped is a per-backend choice; the measurements behind it: do
   max_unroll = 1 at most one per batch size (B, 8, 16, 32, ...) whatever the clients' sizes.
 - `rolled` (`train_job`, one client): the whole job in one compiled call: its shuffle, then per epoch a
   `fori_loop` over the full batches (a traced count) and the partial batch at its own size, so one program
-  per partial-batch size whatever the clients' sizes. The natural choice on GPU, and on a CPU for models
-  without convolutions, whose steps are short enough that a call per step costs more than the step.
+  per partial-batch size whatever the clients' sizes. The faster on a GPU (measured on an H100:
+  docs/performance.md, "GPU"), and on a CPU for models without convolutions, whose steps are short enough
+  that a call per step costs more than the step.
 - Batched execution of many clients (`train_batch`, vmapped) uses t-indexed full-size steps: every step
   knows its global index t, so a client with fewer steps than the batch's longest simply masks the
   rest; chunks of at most `max_unroll` unrolled steps, the remainder in powers of two.

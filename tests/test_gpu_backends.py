@@ -44,6 +44,7 @@ def test_both_backends_are_measured_on_the_stand_in(bench):
     results[execution] = bench.measure(config, warmup_days=0.001, small=True)
   for execution, r in results.items():
     assert r["execution"] == execution and r["member"] == "cifar10"
+    assert r["loop"] == "rolled"  # (runtime.loop=auto: a model without convolutions)
     assert r["data"] == "random cifar10-shaped stand-in (2000 images)"
     assert r["updates"] > 0 and r["window_days"] == pytest.approx(0.003)
     # updates/s and s/day come from one window's wall time.
