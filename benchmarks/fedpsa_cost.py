@@ -101,7 +101,8 @@ def runs() -> None:
   # No JAX here: on a GPU this process would take the memory its children need (JAX preallocates).
   print(f"runs: {FLAGS.days} virtual days each, measured after {FLAGS.warmup_days}; {FLAGS.host_devices} host devices; "
         f"runtime.execution={FLAGS.execution}")
-  print(f"{'model':10s} {'method':19s} {'run':>3s} {'upd/s':>7s} {'peak RSS MB':>11s} {'device MB':>9s} {'final acc':>9s}")
+  print(f"{'model':10s} {'method':19s} {'run':>3s} {'upd/s':>7s} {'peak RSS MB':>11s} {'device MB':>9s} "
+        f"{'final acc':>9s}")
   for repeat in range(FLAGS.repeats):
     for model in FLAGS.models:
       for method in FLAGS.methods:

@@ -154,13 +154,14 @@ def run_child(member: str, execution: str, loop: str, small: bool, days: float, 
 
 
 def row(r: dict[str, Any]) -> str:
-  return (f"{r['member']:8s} {r['execution']:5s} {r['loop']:8s} {r['updates']:7d} {r['updates_per_s']:8.2f} {r['seconds_per_day']:9.1f} "
-          f"{r['peak_bytes'] / 2**30:7.2f} {r['memory_source']:6s} {r['compile_seconds']:8.1f} "
+  return (f"{r['member']:8s} {r['execution']:5s} {r['loop']:8s} {r['updates']:7d} {r['updates_per_s']:8.2f} "
+          f"{r['seconds_per_day']:9.1f} {r['peak_bytes'] / 2**30:7.2f} {r['memory_source']:6s} "
+          f"{r['compile_seconds']:8.1f} "
           f"{r['final_accuracy']:9.4f}  {r['data']}")
 
 
-HEADER = (f"{'member':8s} {'exec':5s} {'loop':8s} {'updates':>7s} {'upd/s':>8s} {'s/day':>9s} {'peak GiB':>7s} {'of':6s} "
-          f"{'compile s':>8s} {'final acc':>9s}  data")
+HEADER = (f"{'member':8s} {'exec':5s} {'loop':8s} {'updates':>7s} {'upd/s':>8s} {'s/day':>9s} {'peak GiB':>7s} "
+          f"{'of':6s} {'compile s':>8s} {'final acc':>9s}  data")
 
 
 def main(argv):

@@ -65,7 +65,7 @@ EXECUTIONS = choices.EXECUTIONS  # runtime.execution: defined once, in the confi
 
 
 def resolve_execution(execution: str) -> str:
-  """The backend `auto` stands for: `loop`, on every platform measured (docs/performance.md, "Execution backends").
+  """The backend `auto` stands for: `loop`, on every platform measured (docs/performance.md, "Why `auto` is `loop`").
 
   On a CPU vmapped conv training is much slower (grouped convolutions; dense models run about as fast either
   way); on one H100 `loop` ran the paper's MNIST and CIFAR-10 members 2.5x and 1.6x faster than `vmap`, in less
