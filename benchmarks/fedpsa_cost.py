@@ -30,6 +30,8 @@ import time
 
 from absl import app, flags
 
+import gpu_backends  # (its flags are defined only when it runs as a script)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
@@ -75,11 +77,10 @@ def measure_run(model: str, method: str) -> dict:
   wall = time.perf_counter() - start - (sim.compiles.seconds - compile_seconds)
   updates = sim.loop.client_updates - updates
   # ru_maxrss: KiB on Linux. A GPU's own peak is kept apart: there the model lives in device memory, not in RSS.
-  device_stats = [d.memory_stats() or {} for d in jax.local_devices()]
-  peak_device = max((s.get("peak_bytes_in_use", 0) for s in device_stats), default=0)
+  peak, source = gpu_backends.peak_memory()
   return {"model": model, "method": method, "updates": updates, "updates_per_s": updates / wall,
           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-          "peak_device_mb": peak_device / 2**20 if peak_device else None,
+          "peak_device_mb": peak / 2**20 if source == "device" else None,
           "final_accuracy": summary["final_test_accuracy"], "execution": summary["execution"],
           "device": f"{jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}"}
 
