@@ -263,16 +263,22 @@ def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
   both = np.concatenate([pairs[0], pairs[1]])
   assert saved["n"] == 60
   assert saved["pearson"] == pytest.approx(scipy.stats.pearsonr(both[:, 0], both[:, 1]).statistic, abs=1e-12)
-  intervals = saved.pop("intervals")
+  intervals, independent = saved.pop("intervals"), saved.pop("independent_intervals")
+  assert (saved.pop("runs"), saved.pop("block_length"), len(saved.pop("autocorrelation")["kappa"])) == (2, 4, 4)
+  time = np.tile(np.arange(30.0), 2)  # the events carry no arrival_time: each update's position in its run
+  assert saved.pop("detrended_pearson") == pytest.approx(
+      fedpsa_figures.detrended_pearson(both[:, 0], both[:, 1], time, np.repeat([0, 1], 30)), abs=1e-12)
   assert saved == json.loads(json.dumps(fedpsa_figures.alignment_stats(both[:, 0], both[:, 1], 0.1)))
-  # The sample-level bootstrap intervals against scipy's (another random stream: Monte Carlo noise only).
+  # The pair-by-pair bootstrap intervals against scipy's (another random stream, and scipy resamples the pooled
+  # pairs where ours resamples each run's: Monte Carlo noise only).
   for name, fn in (("pearson", scipy.stats.pearsonr), ("spearman", scipy.stats.spearmanr)):
     ref = scipy.stats.bootstrap((both[:, 0], both[:, 1]), lambda k, a: fn(k, a)[0], paired=True, vectorized=False,
                                 n_resamples=2000, method="percentile", rng=np.random.default_rng(1)).confidence_interval
-    assert intervals[name] == pytest.approx([ref.low, ref.high], abs=0.05)
-    assert intervals[name][0] < saved[name] < intervals[name][1]
-  assert all(lo <= saved[n] <= hi for n, (lo, hi) in intervals.items() if not math.isnan(lo))
-  assert "95% bootstrap intervals" in open(os.path.join(workdir, "report", "alignment.md")).read()
+    assert independent[name] == pytest.approx([ref.low, ref.high], abs=0.05)
+    assert independent[name][0] < saved[name] < independent[name][1]
+  for ci in (intervals, independent):
+    assert all(lo <= saved[n] <= hi for n, (lo, hi) in ci.items() if n in saved and not math.isnan(lo))
+  assert "95% circular block bootstrap intervals" in open(os.path.join(workdir, "report", "alignment.md")).read()
 
 
 def test_a_sweep_is_redrawn_with_the_layout_of_its_config_and_only_of_its_own(tmp_path):

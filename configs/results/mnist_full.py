@@ -7,7 +7,8 @@ steps per update): a horizon chosen for a sweep of about two hours on a 2-core C
 wall time it took).
 FedPSA's members record κ and the gradient alignment of every received update (events.jsonl). The report:
 the table (mean ± 95% interval, paired differences from FedBuff, the paper's Table 1 beside it) and Fig. 6's
-κ against alignment over FedPSA's updates, with bootstrap intervals on Pearson and Spearman.
+κ against alignment over FedPSA's updates, with bootstrap intervals on Pearson and Spearman (resampling blocks of
+successive updates, and pair by pair) and the correlation left once a drift in time is removed within each run.
 
 `launch.py --mode=sweep --config=configs/results/mnist_full.py:data.data_dir=DIR --workdir=WORKDIR`, DIR a
 tfds data folder holding `mnist/3.0.1` prepared (README, "Data"); then `--mode=report --workdir=WORKDIR`.
