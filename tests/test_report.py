@@ -317,6 +317,11 @@ def test_alignment_report_without_pairs_says_so_while_members_run_and_is_an_erro
   text = open(os.path.join(workdir, "report", "alignment.md")).read()
   assert text.startswith("# ")
   assert "No κ-alignment pairs yet: 1 of 2 members have completed, and their events.jsonl files hold none" in text
+  running = lambda m: {"status": "running"}
+  workdir = _fake_members(tmp_path, "started", "configs/paper/fig6.py:smoke,seeds=2", running, lambda m: [])
+  report.build(workdir)
+  text = open(os.path.join(workdir, "report", "alignment.md")).read()
+  assert "No κ-alignment pairs yet: none of the 2 members has completed. Rerun" in text
   workdir = _fake_members(tmp_path, "finished", "configs/paper/fig6.py:smoke,seeds=2", lambda m: {}, lambda m: [])
   with pytest.raises(report.ReportError, match="no κ-alignment pairs .* fedpsa.log_alignment=True"):
     report.build(workdir)

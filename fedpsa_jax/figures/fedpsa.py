@@ -247,8 +247,9 @@ def alignment_report(r: report_lib.SweepReport) -> list[str]:
   done = report_lib.completed(r.frame)
   frame = alignment_frame(done["run_dir"].tolist())
   if frame.empty and len(done) < len(r.frame):
-    note = (f"No κ-alignment pairs yet: {len(done)} of {len(r.frame)} members have completed, and their "
-            "events.jsonl files hold none. Rerun the report once the FedPSA members have finished.\n")
+    state = (f"none of the {len(r.frame)} members has completed" if done.empty else
+             f"{len(done)} of {len(r.frame)} members have completed, and their events.jsonl files hold none")
+    note = f"No κ-alignment pairs yet: {state}. Rerun the report once the FedPSA members have finished.\n"
     return [*written, report_lib.write_text(r.path("alignment.md"), r.title + "\n" + note)]
   if frame.empty:
     raise report_lib.ReportError(f"{r.sweep_dir!r}: no κ-alignment pairs in the members' events.jsonl; allowed: a "
