@@ -8,7 +8,7 @@
     field), the table `table.md` / `table.csv` (rows × columns of `report.rows` / `report.cols`, cells the metric ×
     scale, mean ± the half-width of its 95% t-interval over seeds when there are several, `table_ci95.csv` and
     `table_n.csv` then too; ▲/▼ where a paired difference from `report.reference` is larger than the noise, all of
-    them in `paired.md`; a table per `report.more_metrics` entry; the best of each column in bold within each group
+    them in `paired.md` with each row's difference over all columns at once; a table per `report.more_metrics` entry; the best of each column in bold within each group
     of the outer row axis; '-' for a member the sweep leaves out; the commits, data and machines of the members)
     and `curves.png` (learning curves: one panel per column, one line per row, mean over seeds with its interval as
     a band);
@@ -103,9 +103,10 @@ def _tables(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], ou
   provenance of the members; per metric its means, intervals and seed counts as CSV (`table.csv`,
   `table_ci95.csv`, `table_n.csv` for the first; `table_<metric>*.csv` for the others); with
   `report.reference`, every paired difference from the reference in paired.md / paired.csv, with its p adjusted
-  (Holm) over the comparisons of its metric's table."""
+  (Holm) over the comparisons of its metric's table, and with two or more columns each row's difference over
+  all of them at once (paired.md, paired_over_columns.csv; Holm over the rows)."""
   metrics = [spec.get("metric", "final_test_accuracy"), *spec.get("more_metrics", [])]
-  sections, written, paired = [title], [], []
+  sections, written, paired, pooled = [title], [], [], []
   for k, metric in enumerate(metrics):
     table = report_lib.paper_table(sweep, frame, {**spec, "metric": metric})
     sections.append((f"## {report_lib.display_name(spec, metric)}\n\n" if len(metrics) > 1 else "") + table.markdown)
@@ -116,15 +117,20 @@ def _tables(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], ou
       written.append(report_lib.write_csv(table.counts, os.path.join(out, f"{stem}_n.csv")))
     if table.paired is not None:
       paired.append(table.paired.assign(metric=metric))
+      pooled.append(table.pooled.assign(metric=metric))
   sections.append(report_lib.provenance_section(frame))
   written.insert(0, report_lib.write_text(os.path.join(out, "table.md"), "\n".join(sections)))
   if paired:
     both = pd.concat(paired, ignore_index=True)
     # One family per metric's table: every method and column compared with the reference at once.
     both["p_holm"] = both.groupby("metric", sort=False)["p_value"].transform(report_stats.holm)
+    over_columns = pd.concat(pooled, ignore_index=True)
+    over_columns["p_holm"] = over_columns.groupby("metric", sort=False)["p_value"].transform(report_stats.holm)
     written.append(report_lib.write_text(os.path.join(out, "paired.md"),
-                                         title + "\n" + report_lib.paired_markdown(both, spec)))
+                                         title + "\n" + report_lib.paired_markdown(both, spec, over_columns)))
     written.append(report_lib.write_csv(both, os.path.join(out, "paired.csv")))
+    if len(over_columns):
+      written.append(report_lib.write_csv(over_columns, os.path.join(out, "paired_over_columns.csv")))
   return written
 
 

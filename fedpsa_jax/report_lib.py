@@ -101,13 +101,16 @@ class Table:
   """A table in the paper's layout: its markdown and, one row per row key and one column per column key (CSV
   layout, row labels as the leading columns), the cells' means, the half-widths of their 95% t-intervals over
   seeds (NaN with one seed), their seed counts, and (with a reference) the paired comparison of each cell with
-  the reference's cell of the same column: rows of `paired` are (row key, column, Δ, half-width, p, n)."""
+  the reference's cell of the same column: rows of `paired` are (row key, column, Δ, half-width, p, n); and with
+  two or more columns, each row's difference over all columns at once (`report_stats.pooled_difference`): rows
+  of `pooled` are (row key, columns, Δ, half-width, p, pairs, the published Δ averaged over those columns)."""
 
   markdown: str
   means: pd.DataFrame
   half_widths: pd.DataFrame
   counts: pd.DataFrame
   paired: pd.DataFrame | None
+  pooled: pd.DataFrame | None = None
 
 
 def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any],
@@ -116,7 +119,8 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
   matching `where`. Cells print the mean over seeds, ± the half-width of its 95% t-interval when a cell has
   several seeds; with `reference` ({axis: label}, e.g. {"method": "fedbuff"}), a cell whose paired difference
   from the reference's cell (same column, same seeds; `report_stats.paired_difference`) is significant gets
-  ▲ (above) or ▼ (below). A caption under the table says how many seeds the cells have."""
+  ▲ (above) or ▼ (below), and each row is also compared over all its columns at once (`Table.pooled`). A
+  caption under the table says how many seeds the cells have."""
   rows, cols = list(spec.get("rows", [])), list(spec.get("cols", []))
   where = dict(where or {})
   metric, scale, decimals = spec.get("metric", "final_test_accuracy"), float(spec.get("scale", 1.0)), int(
@@ -133,7 +137,7 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
   counts = np.zeros(means.shape, int)
   marks = np.zeros(means.shape, int)
   excluded = np.zeros(means.shape, bool)
-  paired = []
+  paired, pooled = [], {}  # pooled: {row key: ({column: [Δ per common seed]}, [published Δ per column])}
   for i, rk in enumerate(row_keys):
     for j, ck in enumerate(col_keys):
       labels = {**where, **dict(zip(rows, rk)), **dict(zip(cols, ck))}
@@ -146,8 +150,14 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
         if base:
           d = report_stats.paired_difference(values, base)
           marks[i, j] = d.direction
+          published_difference = _published(published, {**labels, **reference}, rows, ck, rk)
           paired.append((*rk, _key_text(spec, cols, ck) or metric, d.diff.mean, d.diff.half_width, d.p_value, d.diff.n,
-                         _published(published, {**labels, **reference}, rows, ck, rk)))
+                         published_difference))
+          common = sorted(set(values) & set(base))
+          if common:
+            by_column, published_by_column = pooled.setdefault(rk, ({}, []))
+            by_column[ck] = [values[s] - base[s] for s in common]
+            published_by_column.append(published_difference)
   col_names = [_key_text(spec, cols, ck) or metric for ck in col_keys]
   extra_means, extra_names = [], []
   if spec.get("row_mean"):
@@ -195,16 +205,21 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
                                     + [fmt(i, j) for j in range(len(names))]) + " |")
   lines += ["", _caption(counts[counts > 0], spec, reference)]
   index = pd.MultiIndex.from_tuples(row_keys, names=rows) if rows else None
-  paired_frame = None
+  paired_frame = pooled_frame = None
   if reference:
     paired_frame = pd.DataFrame(paired, columns=[*rows, "column", "difference", "ci95_half_width", "p_value", "seeds",
                                                  "published_difference"])
+    pooled_frame = pd.DataFrame(
+        [(*rk, len(by_column), d.diff.mean, d.diff.half_width, d.p_value, d.diff.n, float(np.mean(published_by_column)))
+         for rk, (by_column, published_by_column) in pooled.items() if len(by_column) > 1
+         for d in [report_stats.pooled_difference(by_column)]],
+        columns=[*rows, "n_columns", "difference", "ci95_half_width", "p_value", "pairs", "published_difference"])
   if published:
     lines += ["", f"Published ({spec['published'].get('source', '')}):", "",
               _published_markdown(published, rows, row_keys, col_keys, col_names, spec)]
   return Table("\n".join(lines) + "\n", pd.DataFrame(all_means, index=index, columns=names),
                pd.DataFrame(all_halves, index=index, columns=names),
-               pd.DataFrame(counts, index=index, columns=col_names), paired_frame)
+               pd.DataFrame(counts, index=index, columns=col_names), paired_frame, pooled_frame)
 
 
 def column_key(labels: Sequence[Any]) -> str:
@@ -259,10 +274,11 @@ def _product(lists: Sequence[Sequence[Any]]) -> list[tuple]:
   return list(itertools.product(*lists))
 
 
-def paired_markdown(paired: pd.DataFrame, spec: dict[str, Any]) -> str:
+def paired_markdown(paired: pd.DataFrame, spec: dict[str, Any], pooled: pd.DataFrame | None = None) -> str:
   """paired.md: per metric, every cell's difference from the reference (same column, same seeds): Δ ± the
   half-width of its 95% t-interval, the paired t-test's p and its Holm adjustment over the metric's comparisons
-  (`p_holm`, report_stats.holm), the pairs, and whether Δ is larger than the noise."""
+  (`p_holm`, report_stats.holm), the pairs, and whether Δ is larger than the noise; then, with `pooled`
+  (`Table.pooled` with `metric` and `p_holm`), each row's difference over all the columns at once."""
   reference = " ".join(display_name(spec, v) for v in dict(spec.get("reference") or {}).values())
   decimals = int(spec.get("decimals", 2))
   keys = [c for c in paired.columns if c not in ("column", "difference", "ci95_half_width", "p_value", "p_holm",
@@ -291,7 +307,40 @@ def paired_markdown(paired: pd.DataFrame, spec: dict[str, Any]) -> str:
         cells += ["-" if np.isnan(r.published_difference) else f"{r.published_difference:+.2f}", _ordering(r.published_difference, r.difference, verdict)]
       lines.append("| " + " | ".join([display_name(spec, r[k]) for k in keys] + cells) + " |")
     sections.append("\n".join(lines) + "\n")
+    if pooled is not None and (pooled["metric"] == metric).any():
+      sections.append(_pooled_markdown(pooled[pooled["metric"] == metric], keys, spec, reference, decimals))
   return "\n".join(sections)
+
+
+def _pooled_markdown(pooled: pd.DataFrame, keys: list[str], spec: dict[str, Any], reference: str,
+                     decimals: int) -> str:
+  """One metric's `Table.pooled` rows as a paired.md section: each row's Δ over all its columns, its p and
+  Holm's adjustment over the rows, the pairs, a verdict and (where published) the published Δ averaged."""
+  with_paper = pooled["published_difference"].notna().any()
+  level = f"{report_stats.SIGNIFICANCE:.2f}"
+  stats = ["columns", "Δ", "p", "p (Holm)", "pairs", "verdict"] + (
+      ["published Δ", "the published ordering"] if with_paper else [])
+  lines = ["### Over all columns at once\n",
+           f"Each row against {reference} in every column together: Δ is the mean of the columns' differences (each "
+           "column weighs the same), and its interval and p come from the spread between seeds within each column, "
+           "pooled over the columns (a paired t-test on pairs − columns degrees of freedom, which reads the columns "
+           "as fixed: these settings, not a sample of settings). More pairs stand behind it than behind one cell, so "
+           f"it resolves smaller differences. p (Holm) is adjusted over this table's rows; 'larger than the noise' "
+           f"when p < {level}.\n",
+           "| " + " | ".join([display_name(spec, k) for k in keys] + stats) + " |",
+           "|" + "---|" * (len(keys) + len(stats))]
+  p_text = lambda v: "n/a" if np.isnan(v) else f"{v:.3f}"
+  for _, r in pooled.iterrows():
+    half = "" if np.isnan(r.ci95_half_width) else f" ± {r.ci95_half_width:.{decimals}f}"
+    verdict = ("too few seeds" if np.isnan(r.p_value) else "within the noise"
+               if not r.p_value < report_stats.SIGNIFICANCE else "higher" if r.difference > 0 else "lower")
+    cells = [str(int(r.n_columns)), f"{r.difference:+.{decimals}f}{half}", p_text(r.p_value), p_text(r.p_holm),
+             str(int(r.pairs)), verdict]
+    if with_paper:
+      cells += ["-" if np.isnan(r.published_difference) else f"{r.published_difference:+.2f}",
+                _ordering(r.published_difference, r.difference, verdict)]
+    lines.append("| " + " | ".join([display_name(spec, r[k]) for k in keys] + cells) + " |")
+  return "\n".join(lines) + "\n"
 
 
 def _ordering(published: float, ours: float, verdict: str) -> str:

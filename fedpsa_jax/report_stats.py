@@ -5,14 +5,16 @@ the clients' response times and the initial model. So a method is compared with 
 seed (a paired test, which removes the variation the seeds share), and a cell's own spread is the Student-t
 interval of its mean over the seeds. Both need at least two seeds; with one, they are NaN and the report
 says it has one seed. A report makes many such comparisons at once (every method and column against the
-reference), so beside each p it gives Holm's adjustment over the comparisons of its table (`holm`).
+reference), so beside each p it gives Holm's adjustment over the comparisons of its table (`holm`). Three
+seeds resolve only large differences in one cell; a method's difference over all of a table's columns at once
+(`pooled_difference`) has more pairs behind it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import scipy.stats
@@ -74,6 +76,31 @@ def paired_difference(values: Mapping[int, float], reference: Mapping[int, float
   return PairedDifference(diff, p_value)
 
 
+def pooled_difference(differences: Mapping[Any, Sequence[float]]) -> PairedDifference:
+  """The paired difference over several columns at once, {column: [Δ of each common seed]}: the mean of the
+  columns' mean differences (every column weighs the same), with its t-interval and two-sided p from the spread
+  between seeds within each column, pooled: s² = Σ_c Σ_s (Δ_cs − Δ̄_c)² / (N − C) on N − C degrees of freedom
+  (N pairs, C columns) and SE² = s² Σ_c (1 / n_c) / C². One column gives the paired t-test. This reads the
+  columns as fixed (these α, not a sample of settings): how a column shifts every seed's difference is not noise,
+  and more pairs than a single cell's buy a test that can resolve a smaller difference. NaN p without a degree of
+  freedom; p = 0 when every pair of every column differs by its column's mean exactly."""
+  columns = [np.asarray(v, float) for v in differences.values() if len(v)]
+  n = sum(len(v) for v in columns)
+  if not columns:
+    return PairedDifference(Interval(math.nan, math.nan, 0), math.nan)
+  estimate = float(np.mean([v.mean() for v in columns]))
+  dof = n - len(columns)
+  if dof < 1:
+    return PairedDifference(Interval(estimate, math.nan, n), math.nan)
+  spread = sum(float(((v - v.mean()) ** 2).sum()) for v in columns) / dof
+  se = math.sqrt(spread * sum(1 / len(v) for v in columns)) / len(columns)
+  if se == 0:
+    return PairedDifference(Interval(estimate, 0.0, n), 0.0 if estimate != 0 else math.nan)
+  t = scipy.stats.t.ppf(0.5 + CONFIDENCE / 2, dof)
+  p_value = float(2 * scipy.stats.t.sf(abs(estimate) / se, dof))
+  return PairedDifference(Interval(estimate, float(t * se), n), p_value)
+
+
 def holm(p_values: Sequence[float]) -> np.ndarray:
   """Holm's step-down adjustment of a family of p-values (NaN ones, too few seeds, are left out of the family
   and stay NaN): sorted ascending, the j-th (from 1) becomes max over i ≤ j of min(1, (m − i + 1) p_(i)), m the
@@ -89,4 +116,5 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
   return adjusted
 
 
-__all__ = ["CONFIDENCE", "Interval", "PairedDifference", "SIGNIFICANCE", "holm", "interval", "paired_difference"]
+__all__ = ["CONFIDENCE", "Interval", "PairedDifference", "SIGNIFICANCE", "holm", "interval", "paired_difference",
+           "pooled_difference"]

@@ -20,7 +20,7 @@ import pytest
 import scipy.stats
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import api, figures, io, paper, report, report_lib, sweep
+from fedpsa_jax import api, figures, io, paper, report, report_lib, report_stats, sweep
 from fedpsa_jax.cli import modes as cli_modes
 from fedpsa_jax.figures import fedpsa as fedpsa_figures
 from fedpsa_jax.models import get_model
@@ -434,6 +434,29 @@ def test_interval_and_paired_difference_agree_with_scipy():
   assert report_stats.paired_difference({0: 2.0, 1: 3.0}, {0: 1.0, 1: 2.0}).direction == 1  # a constant gap
 
 
+def test_pooled_difference_is_one_least_squares_fit_with_a_column_offset():
+  from fedpsa_jax import report_stats
+
+  # Reference: Δ_cs = β_c + ε regressed on column indicators (np.linalg.lstsq); the estimate is the mean of the
+  # β_c, its variance a'(X'X)^-1 a · RSS / (N − C) with a = 1/C each, and p from Student's t on N − C.
+  differences = {"α=0.1": [2.0, -1.5, 4.0], "α=0.5": [0.5, 1.0], "α=1.0": [3.0, 2.5, 0.0, 1.0]}
+  y = np.concatenate([np.asarray(v) for v in differences.values()])
+  column = np.repeat(np.arange(3), [len(v) for v in differences.values()])
+  x = (column[:, None] == np.arange(3)).astype(float)
+  beta, rss, *_ = np.linalg.lstsq(x, y, rcond=None)
+  a = np.full(3, 1 / 3)
+  se = math.sqrt(a @ np.linalg.inv(x.T @ x) @ a * rss[0] / (len(y) - 3))
+  got = report_stats.pooled_difference(differences)
+  assert got.diff.mean == pytest.approx(beta.mean()) and got.diff.n == 9
+  assert got.p_value == pytest.approx(2 * scipy.stats.t.sf(abs(beta.mean()) / se, len(y) - 3))
+  assert got.diff.half_width == pytest.approx(scipy.stats.t.ppf(0.975, len(y) - 3) * se)
+  # One column is the paired t-test; one seed per column leaves no degree of freedom; a constant gap is no noise.
+  one = report_stats.pooled_difference({"α=0.1": differences["α=0.1"]})
+  assert one.p_value == pytest.approx(scipy.stats.ttest_1samp(differences["α=0.1"], 0.0).pvalue)
+  assert math.isnan(report_stats.pooled_difference({"a": [1.0], "b": [2.0]}).p_value)
+  assert report_stats.pooled_difference({"a": [1.0, 1.0], "b": [3.0, 3.0]}).direction == 1
+
+
 def test_holm_agrees_with_a_hand_computation_and_with_the_step_down_rule():
   from fedpsa_jax import report_stats
 
@@ -528,6 +551,21 @@ def test_reference_marks_only_differences_larger_than_the_noise(tmp_path):
   assert "| FedBuff (Base) | 98.00 | 97.00 |" in markdown and "| FedPSA (Ours) | **98.50** | - |" in markdown
   # Provenance: both commits with their member counts, one data fingerprint, the summed wall time.
   assert "commit abc (12 members); commit def (6 members)" in markdown
+  # Over both columns at once: FedAsync's −3 points in each (the α offset cancels in the pairs); within each
+  # column the seeds spread by [-0.1, +0.1, 0] around it: s² = 0.04 / (6 − 2), SE² = s² (1/3 + 1/3) / 2².
+  over = pd.read_csv(os.path.join(workdir, "report", "paired_over_columns.csv"))
+  fedasync = over[(over.method == "fedasync") & (over.metric == "final_test_accuracy")]
+  se = math.sqrt(0.04 / 4 * (2 / 3)) / 2
+  assert (fedasync.n_columns.item(), fedasync.pairs.item()) == (2, 6)
+  assert fedasync.difference.item() == pytest.approx(-3.0)
+  assert fedasync.p_value.item() == pytest.approx(2 * scipy.stats.t.sf(3.0 / se, 4))
+  for _, rows in over.groupby("metric"):  # Holm over each metric's rows
+    np.testing.assert_allclose(rows.p_holm, report_stats.holm(rows.p_value.to_numpy()))
+  assert "### Over all columns at once" in paired_md
+  pooled_line = lambda method: next(l for l in paired_md.split("### Over all columns at once")[1].splitlines()
+                                    if l.startswith(f"| {method} | 2 |"))
+  assert pooled_line("FedAsync").endswith("| 6 | lower | -1.25 | holds |")  # published: (−3 + 0.5) / 2
+  assert "| 6 | within the noise | - | - |" in pooled_line("FedPSA (Ours)")  # no published value at α = 1.0
   assert "mnist_5k f00 (18 members)" in markdown and "9.00 h of wall time" in markdown
 
 
