@@ -11,7 +11,7 @@ FedPSA without κ. Its paired differences answer two questions over the same see
 
 FedBuff, FedPSA and the uniform buffer × α ∈ {0.1, 0.5, 1.0} × seeds 0..2 (27 members), each run as R1's
 (`paper.embedded_mnist_base`: the same data, model, budget and seeds), so that the three are paired within
-this sweep, at one commit.
+this sweep, and a member whose code is unchanged can be one of R1's runs (docs/results.md, R4).
 
 `launch.py --mode=sweep --config=configs/results/fedpsa_parts.py --workdir=DIR`, then `--mode=report
 --workdir=DIR`. `:seeds=K` changes the seed count; `field=value` any base field.
