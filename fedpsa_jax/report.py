@@ -8,8 +8,9 @@
     field), the table `table.md` / `table.csv` (rows × columns of `report.rows` / `report.cols`, cells the metric ×
     scale, mean ± the half-width of its 95% t-interval over seeds when there are several, `table_ci95.csv` and
     `table_n.csv` then too; ▲/▼ where a paired difference from `report.reference` is larger than the noise, all of
-    them in `paired.md` with each row's difference over all columns at once; a table per `report.more_metrics` entry; the best of each column in bold within each group
-    of the outer row axis; '-' for a member the sweep leaves out; the commits, data and machines of the members)
+    them in `paired.md` with each row's difference over all columns at once; a table per `report.more_metrics`
+    entry; the best of each column in bold within each group of the outer row axis; '-' for a member the sweep
+    leaves out; the commits, data and machines of the members)
     and `curves.png` (learning curves: one panel per column, one line per row, mean over seeds with its interval as
     a band);
   - then the files of the layout's kind, `report.kind`, a function registered in `report_kinds()`:

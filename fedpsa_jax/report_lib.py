@@ -103,7 +103,8 @@ class Table:
   seeds (NaN with one seed), their seed counts, and (with a reference) the paired comparison of each cell with
   the reference's cell of the same column: rows of `paired` are (row key, column, Δ, half-width, p, n); and with
   two or more columns, each row's difference over all columns at once (`report_stats.pooled_difference`): rows
-  of `pooled` are (row key, columns, Δ, half-width, p, pairs, the published Δ averaged over those columns)."""
+  of `pooled` are (row key, columns, Δ, half-width, p, pairs, the pairs above and below the reference, the
+  published Δ averaged over those columns)."""
 
   markdown: str
   means: pd.DataFrame
@@ -210,10 +211,12 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
     paired_frame = pd.DataFrame(paired, columns=[*rows, "column", "difference", "ci95_half_width", "p_value", "seeds",
                                                  "published_difference"])
     pooled_frame = pd.DataFrame(
-        [(*rk, len(by_column), d.diff.mean, d.diff.half_width, d.p_value, d.diff.n, float(np.mean(published_by_column)))
+        [(*rk, len(by_column), d.diff.mean, d.diff.half_width, d.p_value, d.diff.n, int((every > 0).sum()),
+          int((every < 0).sum()), float(np.mean(published_by_column)))
          for rk, (by_column, published_by_column) in pooled.items() if len(by_column) > 1
-         for d in [report_stats.pooled_difference(by_column)]],
-        columns=[*rows, "n_columns", "difference", "ci95_half_width", "p_value", "pairs", "published_difference"])
+         for d, every in [(report_stats.pooled_difference(by_column), np.concatenate(list(by_column.values())))]],
+        columns=[*rows, "n_columns", "difference", "ci95_half_width", "p_value", "pairs", "above", "below",
+                 "published_difference"])
   if published:
     lines += ["", f"Published ({spec['published'].get('source', '')}):", "",
               _published_markdown(published, rows, row_keys, col_keys, col_names, spec)]
@@ -318,7 +321,7 @@ def _pooled_markdown(pooled: pd.DataFrame, keys: list[str], spec: dict[str, Any]
   Holm's adjustment over the rows, the pairs, a verdict and (where published) the published Δ averaged."""
   with_paper = pooled["published_difference"].notna().any()
   level = f"{report_stats.SIGNIFICANCE:.2f}"
-  stats = ["columns", "Δ", "p", "p (Holm)", "pairs", "verdict"] + (
+  stats = ["columns", "Δ", "p", "p (Holm)", "pairs", "above / below", "verdict"] + (
       ["published Δ", "the published ordering"] if with_paper else [])
   lines = ["### Over all columns at once\n",
            f"Each row against {reference} in every column together: Δ is the mean of the columns' differences (each "
@@ -326,7 +329,8 @@ def _pooled_markdown(pooled: pd.DataFrame, keys: list[str], spec: dict[str, Any]
            "pooled over the columns (a paired t-test on pairs − columns degrees of freedom, which reads the columns "
            "as fixed: these settings, not a sample of settings). More pairs stand behind it than behind one cell, so "
            f"it resolves smaller differences. p (Holm) is adjusted over this table's rows; 'larger than the noise' "
-           f"when p < {level}.\n",
+           f"when p < {level}. Above / below: the pairs in which the row is above or below {reference}, a count "
+           "that assumes nothing of the differences' distribution.\n",
            "| " + " | ".join([display_name(spec, k) for k in keys] + stats) + " |",
            "|" + "---|" * (len(keys) + len(stats))]
   p_text = lambda v: "n/a" if np.isnan(v) else f"{v:.3f}"
@@ -335,7 +339,7 @@ def _pooled_markdown(pooled: pd.DataFrame, keys: list[str], spec: dict[str, Any]
     verdict = ("too few seeds" if np.isnan(r.p_value) else "within the noise"
                if not r.p_value < report_stats.SIGNIFICANCE else "higher" if r.difference > 0 else "lower")
     cells = [str(int(r.n_columns)), f"{r.difference:+.{decimals}f}{half}", p_text(r.p_value), p_text(r.p_holm),
-             str(int(r.pairs)), verdict]
+             str(int(r.pairs)), f"{int(r.above)} / {int(r.below)}", verdict]
     if with_paper:
       cells += ["-" if np.isnan(r.published_difference) else f"{r.published_difference:+.2f}",
                 _ordering(r.published_difference, r.difference, verdict)]

@@ -556,7 +556,7 @@ def test_reference_marks_only_differences_larger_than_the_noise(tmp_path):
   over = pd.read_csv(os.path.join(workdir, "report", "paired_over_columns.csv"))
   fedasync = over[(over.method == "fedasync") & (over.metric == "final_test_accuracy")]
   se = math.sqrt(0.04 / 4 * (2 / 3)) / 2
-  assert (fedasync.n_columns.item(), fedasync.pairs.item()) == (2, 6)
+  assert fedasync[["n_columns", "pairs", "above", "below"]].to_numpy().tolist() == [[2, 6, 0, 6]]
   assert fedasync.difference.item() == pytest.approx(-3.0)
   assert fedasync.p_value.item() == pytest.approx(2 * scipy.stats.t.sf(3.0 / se, 4))
   for _, rows in over.groupby("metric"):  # Holm over each metric's rows
@@ -564,8 +564,8 @@ def test_reference_marks_only_differences_larger_than_the_noise(tmp_path):
   assert "### Over all columns at once" in paired_md
   pooled_line = lambda method: next(l for l in paired_md.split("### Over all columns at once")[1].splitlines()
                                     if l.startswith(f"| {method} | 2 |"))
-  assert pooled_line("FedAsync").endswith("| 6 | lower | -1.25 | holds |")  # published: (−3 + 0.5) / 2
-  assert "| 6 | within the noise | - | - |" in pooled_line("FedPSA (Ours)")  # no published value at α = 1.0
+  assert pooled_line("FedAsync").endswith("| 6 | 0 / 6 | lower | -1.25 | holds |")  # published: (−3 + 0.5) / 2
+  assert "| 6 | 4 / 2 | within the noise | - | - |" in pooled_line("FedPSA (Ours)")  # +2, −3, +1 twice; no α=1.0 paper
   assert "mnist_5k f00 (18 members)" in markdown and "9.00 h of wall time" in markdown
 
 
