@@ -139,6 +139,13 @@ def test_binned_statistics_equal_scipy_on_many_bins():
   means = np.array([align[index == k].mean() for k in keys])
   assert [b["count"] for b in stats["bins"]] == [int((index == k).sum()) for k in keys]
   assert stats["bins"][-1]["lo"] == pytest.approx(0.9) and len(stats["bins"]) == 13
+  for b, k in zip(stats["bins"], keys):  # each bin mean's 95% interval, against scipy's t-interval
+    values = align[index == k]
+    if len(values) > 1:
+      low, high = scipy.stats.t.interval(0.95, len(values) - 1, loc=values.mean(), scale=scipy.stats.sem(values))
+      assert b["alignment_ci95"] == pytest.approx((high - low) / 2)
+    else:
+      assert math.isnan(b["alignment_ci95"])
   assert stats["binned_pearson"] == pytest.approx(scipy.stats.pearsonr(centres, means).statistic, abs=1e-12)
   assert stats["binned_spearman"] == pytest.approx(scipy.stats.spearmanr(centres, means).statistic, abs=1e-12)
   assert stats["pearson"] == pytest.approx(scipy.stats.pearsonr(kappa, align).statistic, abs=1e-12)

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import scipy.stats
 
-from fedpsa_jax import io, report_lib
+from fedpsa_jax import io, report_lib, report_stats
 
 # (summary field, scale, name) of each Fig. 5 table; bytes_communicated is added to the members by report.py.
 OVERHEAD_METRICS = (("client_compute_seconds", 1.0, "client compute (s)"),
@@ -83,13 +83,15 @@ def _correlations(kappa: np.ndarray, align: np.ndarray, bin_width: float) -> dic
 def alignment_stats(kappa: np.ndarray, align: np.ndarray, bin_width: float = 0.1) -> dict[str, Any]:
   """Sec. 6.6: Pearson r and Spearman ρ of (κ, align) over the samples, and over the bins of κ
   (bin k = floor(κ / w), i.e. [k·w, (k+1)·w); κ = 1 in the top bin [1 − w, 1]) between each non-empty
-  bin's centre and its mean alignment; the bins with their count, mean κ and mean alignment. A correlation
-  needs 2+ points with variation; otherwise it is nan."""
+  bin's centre and its mean alignment; the bins with their count, mean κ, mean alignment and the half-width of
+  its 95% t-interval (`alignment_ci95`, nan for a bin of one update). A correlation needs 2+ points with
+  variation; otherwise it is nan."""
   kappa, align = np.asarray(kappa, float), np.asarray(align, float)
   index = _bin_index(kappa, bin_width)
   bins = [{"lo": round(k * bin_width, 10), "hi": round((k + 1) * bin_width, 10),
            "centre": round((k + 0.5) * bin_width, 10), "count": int((index == k).sum()),
-           "mean_kappa": float(kappa[index == k].mean()), "mean_alignment": float(align[index == k].mean())}
+           "mean_kappa": float(kappa[index == k].mean()), "mean_alignment": float(align[index == k].mean()),
+           "alignment_ci95": report_stats.interval(align[index == k]).half_width}
           for k in sorted(set(index.tolist()))]
   return {"n": int(len(kappa)), "bin_width": bin_width, **_correlations(kappa, align, bin_width), "bins": bins}
 
@@ -209,15 +211,16 @@ def alignment_markdown(stats: dict[str, Any]) -> str:
            "Detrended: a straight line in the virtual arrival time removed from κ and from align within each run, "
            "so that a drift both share over training cannot make the correlation. Autocorrelation within a run at "
            f"lags 1 to {stats['block_length']}: κ {lags('kappa')}; align {lags('alignment')}.", "",
-           "| κ bin | count | mean κ | mean alignment |", "|---|---|---|---|"]
-  lines += [f"| [{b['lo']:.1f}, {b['hi']:.1f}) | {b['count']} | {b['mean_kappa']:.4f} | {b['mean_alignment']:.4f} |"
-            for b in stats["bins"]]
+           "| κ bin | count | mean κ | mean alignment (95% t-interval) |", "|---|---|---|---|"]
+  half = lambda b: "" if math.isnan(b["alignment_ci95"]) else f" ± {b['alignment_ci95']:.4f}"
+  lines += [f"| [{b['lo']:.1f}, {b['hi']:.1f}) | {b['count']} | {b['mean_kappa']:.4f} | {b['mean_alignment']:.4f}"
+            f"{half(b)} |" for b in stats["bins"]]
   return "\n".join(lines) + "\n"
 
 
 def alignment_figure(stats: dict[str, Any], path: str, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> str:
-  """Fig. 6: mean alignment per κ bin (line) and the count per bin (bars, second axis); with `pairs`
-  (κ, align) also every sample, faintly."""
+  """Fig. 6: mean alignment per κ bin (line, with its 95% t-interval) and the count per bin (bars, second
+  axis); with `pairs` (κ, align) also every sample, faintly."""
   plt = report_lib.pyplot()
   bins = stats["bins"]
   fig, ax = plt.subplots(figsize=(6, 3.8))
@@ -227,7 +230,9 @@ def alignment_figure(stats: dict[str, Any], path: str, pairs: tuple[np.ndarray, 
   twin.set_ylabel("count")
   if pairs is not None:
     ax.scatter(pairs[0], pairs[1], s=6, alpha=0.25, color="C1", label="updates")
-  ax.plot(centres, [b["mean_alignment"] for b in bins], "o-", color="C0", label="bin mean")
+  ax.errorbar(centres, [b["mean_alignment"] for b in bins], yerr=[b["alignment_ci95"] for b in bins], fmt="o-",
+              color="C0", capsize=3, label="bin mean, 95% interval")
+  ax.set_ylim(-1.05, 1.05)  # a cosine's range: a bin of 2 or 3 updates has an interval far wider
   ax.set_zorder(twin.get_zorder() + 1)  # the line over the count bars
   ax.patch.set_visible(False)
   ax.set_xlabel("κ (bin centre)")
