@@ -105,7 +105,7 @@ def _tables(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], ou
   `table_ci95.csv`, `table_n.csv` for the first; `table_<metric>*.csv` for the others); with
   `report.reference`, every paired difference from the reference in paired.md / paired.csv, with its p adjusted
   (Holm) over the comparisons of its metric's table, and with two or more columns each row's difference over
-  all of them at once (paired.md, paired_over_columns.csv; Holm over the rows)."""
+  all of them at once (paired.md, paired_over_columns.csv and the figure paired.png; Holm over the rows)."""
   metrics = [spec.get("metric", "final_test_accuracy"), *spec.get("more_metrics", [])]
   sections, written, paired, pooled = [title], [], [], []
   for k, metric in enumerate(metrics):
@@ -132,6 +132,7 @@ def _tables(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], ou
     written.append(report_lib.write_csv(both, os.path.join(out, "paired.csv")))
     if len(over_columns):
       written.append(report_lib.write_csv(over_columns, os.path.join(out, "paired_over_columns.csv")))
+      written.append(report_lib.paired_figure(over_columns, spec, os.path.join(out, "paired.png")))
   return written
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import math
 import os
+import textwrap
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -481,6 +482,33 @@ def heatmap_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, A
   return save_figure(fig, path)
 
 
+def paired_figure(pooled: pd.DataFrame, spec: dict[str, Any], path: str) -> str:
+  """Every row's difference from the reference over all columns at once (`Table.pooled` with `metric`), one
+  panel per metric: Δ with its 95% interval per row, and the published Δ (averaged over the same columns) as a
+  cross where there is one. A row without an interval (too few seeds) is its point alone."""
+  plt = pyplot()
+  metrics = list(dict.fromkeys(pooled["metric"]))
+  keys = [c for c in pooled.columns if c not in ("n_columns", "difference", "ci95_half_width", "p_value", "p_holm",
+                                                  "pairs", "above", "below", "metric", "published_difference")]
+  fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 0.45 * pooled.groupby("metric").size().max()
+                                                     + 1.4), squeeze=False)
+  reference = " ".join(display_name(spec, v) for v in dict(spec.get("reference") or {}).values())
+  for ax, metric in zip(axes.flat, metrics):
+    rows = pooled[pooled["metric"] == metric].reset_index(drop=True)
+    y = np.arange(len(rows))[::-1]
+    ax.errorbar(rows["difference"], y, xerr=rows["ci95_half_width"].fillna(0), fmt="o", color="C0", capsize=3,
+                label="here (95% interval)")
+    if rows["published_difference"].notna().any():
+      ax.plot(rows["published_difference"], y, "x", color="C3", markersize=8, label="the paper")
+    ax.axvline(0, color="gray", linewidth=1)
+    ax.set_yticks(y, [" ".join(display_name(spec, r[k]) for k in keys) for _, r in rows.iterrows()])
+    ax.set_xlabel(f"Δ from {reference}, over all columns")
+    ax.set_title(textwrap.fill(display_name(spec, metric), 48), fontsize=9)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=7)
+  return save_figure(fig, path)
+
+
 def learning_curve(run_dir: str, path: str) -> str:
   """A single run's test accuracy against virtual days."""
   plt = pyplot()
@@ -543,5 +571,5 @@ def table_curves(r: SweepReport) -> list[str]:
 
 
 __all__ = ["MISSING", "NOT_RUN", "ReportError", "ReportKind", "SweepReport", "axis_labels", "cell_stats", "completed",
-           "curves_figure", "display_name", "heatmap_figure", "learning_curve", "paired_markdown", "paper_table", "provenance_section", "Table", "cell_values", "column_key", "pyplot", "save_figure",
+           "curves_figure", "display_name", "heatmap_figure", "learning_curve", "paired_figure", "paired_markdown", "paper_table", "provenance_section", "Table", "cell_values", "column_key", "pyplot", "save_figure",
            "table_curves", "write_csv", "write_text"]

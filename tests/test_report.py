@@ -524,7 +524,9 @@ def test_reference_marks_only_differences_larger_than_the_noise(tmp_path):
 
   workdir = _reference_sweep(tmp_path, lambda m, a, s: 0.8 + seed_effect[s] + gap[m][s] + (0.01 if a == 1.0 else 0))
   written = _report_files(workdir, report.build(workdir))
-  assert {"paired.md", "paired.csv", "table_aulc_per_day.csv", "table_aulc_per_day_ci95.csv"} <= set(written)
+  assert {"paired.md", "paired.csv", "table_aulc_per_day.csv", "table_aulc_per_day_ci95.csv", "paired_over_columns.csv",
+          "paired.png"} <= set(written)
+  assert os.path.getsize(os.path.join(workdir, "report", "paired.png")) > 10_000
   markdown = open(os.path.join(workdir, "report", "table.md")).read()
   rows = {}  # each method's rows of both tables
   for line in markdown.splitlines():
