@@ -211,19 +211,28 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
   if reference:
     paired_frame = pd.DataFrame(paired, columns=[*rows, "column", "difference", "ci95_half_width", "p_value", "seeds",
                                                  "published_difference"])
-    pooled_frame = pd.DataFrame(
-        [(*rk, len(by_column), d.diff.mean, d.diff.half_width, d.p_value, d.diff.n, int((every > 0).sum()),
-          int((every < 0).sum()), float(np.mean(published_by_column)))
-         for rk, (by_column, published_by_column) in pooled.items() if len(by_column) > 1
-         for d, every in [(report_stats.pooled_difference(by_column), np.concatenate(list(by_column.values())))]],
-        columns=[*rows, "n_columns", "difference", "ci95_half_width", "p_value", "pairs", "above", "below",
-                 "published_difference"])
+    pooled_frame = _pooled_frame(pooled, rows)
   if published:
     lines += ["", f"Published ({spec['published'].get('source', '')}):", "",
               _published_markdown(published, rows, row_keys, col_keys, col_names, spec)]
   return Table("\n".join(lines) + "\n", pd.DataFrame(all_means, index=index, columns=names),
                pd.DataFrame(all_halves, index=index, columns=names),
                pd.DataFrame(counts, index=index, columns=col_names), paired_frame, pooled_frame)
+
+
+def _pooled_frame(pooled: dict[tuple, tuple[dict[tuple, list[float]], list[float]]], rows: list[str]) -> pd.DataFrame:
+  """`Table.pooled` from {row key: ({column: [Δ per common seed]}, [published Δ per column])}: one row per row
+  key compared in two or more columns."""
+  records = []
+  for rk, (by_column, published_by_column) in pooled.items():
+    if len(by_column) < 2:
+      continue
+    d = report_stats.pooled_difference(by_column)
+    every = np.concatenate(list(by_column.values()))
+    records.append((*rk, len(by_column), d.diff.mean, d.diff.half_width, d.p_value, d.diff.n, int((every > 0).sum()),
+                    int((every < 0).sum()), float(np.mean(published_by_column))))
+  return pd.DataFrame(records, columns=[*rows, "n_columns", "difference", "ci95_half_width", "p_value", "pairs",
+                                        "above", "below", "published_difference"])
 
 
 def column_key(labels: Sequence[Any]) -> str:
