@@ -302,7 +302,6 @@ def paired_markdown(paired: pd.DataFrame, spec: dict[str, Any], pooled: pd.DataF
               f"many comparisons at once, so some p < {level} are expected by chance alone: p (Holm) is p adjusted "
               "over the comparisons of its table (Holm's step-down), and a difference whose p (Holm) is below "
               f"{level} stays larger than the noise when all of them are read together.\n"]
-  p_text = lambda v: "n/a" if np.isnan(v) else f"{v:.3f}"
   for metric, rows in paired.groupby("metric", sort=False):
     with_paper = rows["published_difference"].notna().any()
     extra = ["published Δ", "the published ordering"] if with_paper else []
@@ -311,13 +310,8 @@ def paired_markdown(paired: pd.DataFrame, spec: dict[str, Any], pooled: pd.DataF
              "| " + " | ".join([display_name(spec, k) for k in keys] + stats + extra) + " |",
              "|" + "---|" * (len(keys) + len(stats) + len(extra))]
     for _, r in rows.iterrows():
-      half = "" if np.isnan(r.ci95_half_width) else f" ± {r.ci95_half_width:.{decimals}f}"
-      verdict = ("one seed: unknown" if r.seeds < 2 else "within the noise" if not r.p_value < report_stats.SIGNIFICANCE
-                 else "higher" if r.difference > 0 else "lower")
-      cells = [str(r.column), f"{r.difference:+.{decimals}f}{half}", p_text(r.p_value), p_text(r.p_holm),
-               str(int(r.seeds)), verdict]
-      if with_paper:
-        cells += ["-" if np.isnan(r.published_difference) else f"{r.published_difference:+.2f}", _ordering(r.published_difference, r.difference, verdict)]
+      cells = [str(r.column), *_comparison_cells(r, decimals, with_paper, "one seed: unknown" if r.seeds < 2 else "",
+                                                 [str(int(r.seeds))])]
       lines.append("| " + " | ".join([display_name(spec, r[k]) for k in keys] + cells) + " |")
     sections.append("\n".join(lines) + "\n")
     if pooled is not None and (pooled["metric"] == metric).any():
@@ -343,18 +337,25 @@ def _pooled_markdown(pooled: pd.DataFrame, keys: list[str], spec: dict[str, Any]
            "that assumes nothing of the differences' distribution.\n",
            "| " + " | ".join([display_name(spec, k) for k in keys] + stats) + " |",
            "|" + "---|" * (len(keys) + len(stats))]
-  p_text = lambda v: "n/a" if np.isnan(v) else f"{v:.3f}"
   for _, r in pooled.iterrows():
-    half = "" if np.isnan(r.ci95_half_width) else f" ± {r.ci95_half_width:.{decimals}f}"
-    verdict = ("too few seeds" if np.isnan(r.p_value) else "within the noise"
-               if not r.p_value < report_stats.SIGNIFICANCE else "higher" if r.difference > 0 else "lower")
-    cells = [str(int(r.n_columns)), f"{r.difference:+.{decimals}f}{half}", p_text(r.p_value), p_text(r.p_holm),
-             str(int(r.pairs)), f"{int(r.above)} / {int(r.below)}", verdict]
-    if with_paper:
-      cells += ["-" if np.isnan(r.published_difference) else f"{r.published_difference:+.2f}",
-                _ordering(r.published_difference, r.difference, verdict)]
+    cells = [str(int(r.n_columns)), *_comparison_cells(r, decimals, with_paper, "too few seeds" if np.isnan(r.p_value)
+                                                       else "", [str(int(r.pairs)), f"{int(r.above)} / {int(r.below)}"])]
     lines.append("| " + " | ".join([display_name(spec, r[k]) for k in keys] + cells) + " |")
   return "\n".join(lines) + "\n"
+
+
+def _comparison_cells(r: pd.Series, decimals: int, with_paper: bool, unknown: str, counts: list[str]) -> list[str]:
+  """A paired.md row's cells from Δ on: Δ ± half-width, p, p (Holm), `counts`, the verdict (`unknown` when
+  set, else whether Δ is larger than the noise) and, `with_paper`, the published Δ and its ordering."""
+  half = "" if np.isnan(r.ci95_half_width) else f" ± {r.ci95_half_width:.{decimals}f}"
+  p_text = lambda v: "n/a" if np.isnan(v) else f"{v:.3f}"
+  verdict = unknown or ("within the noise" if not r.p_value < report_stats.SIGNIFICANCE
+                        else "higher" if r.difference > 0 else "lower")
+  cells = [f"{r.difference:+.{decimals}f}{half}", p_text(r.p_value), p_text(r.p_holm), *counts, verdict]
+  if with_paper:
+    cells += ["-" if np.isnan(r.published_difference) else f"{r.published_difference:+.2f}",
+              _ordering(r.published_difference, r.difference, verdict)]
+  return cells
 
 
 def _ordering(published: float, ours: float, verdict: str) -> str:

@@ -113,9 +113,10 @@ def test_kappa_alignment_statistics_equal_scipy_on_the_logged_pairs(alignment_ru
   kappa = np.array([u["kappa"] for u in updates])
   align = np.array([u["alignment"] for u in updates])
   assert np.all(np.abs(align) <= 1 + 1e-6) and np.std(align) > 0
-  got_kappa, got_align = fedpsa_figures.alignment_pairs([workdir])
-  np.testing.assert_array_equal(got_kappa, kappa)
-  np.testing.assert_array_equal(got_align, align)
+  got = fedpsa_figures.alignment_frame([workdir])
+  np.testing.assert_array_equal(got["kappa"], kappa)
+  np.testing.assert_array_equal(got["alignment"], align)
+  np.testing.assert_array_equal(got["time"], [u["arrival_time"] for u in updates])
   stats = fedpsa_figures.alignment_stats(kappa, align, 0.1)
   assert stats["n"] == len(updates)
   assert stats["pearson"] == pytest.approx(scipy.stats.pearsonr(kappa, align).statistic, abs=1e-12)

@@ -47,12 +47,6 @@ def alignment_frame(run_dirs: Sequence[str]) -> pd.DataFrame:
   return pd.DataFrame(rows, columns=["run", "time", "kappa", "alignment"])
 
 
-def alignment_pairs(run_dirs: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-  """(κ, align) of every received update logged with an alignment in the runs' events.jsonl."""
-  frame = alignment_frame(run_dirs)
-  return frame["kappa"].to_numpy(), frame["alignment"].to_numpy()
-
-
 def _pearson(x: np.ndarray, y: np.ndarray) -> float:
   """Pearson's r of `x` and `y`, or nan for fewer than 2 points or a constant one."""
   if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
@@ -66,14 +60,16 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float:
   return _pearson(scipy.stats.rankdata(x), scipy.stats.rankdata(y)) if len(x) else math.nan
 
 
-def _bin_index(kappa: np.ndarray, bin_width: float) -> np.ndarray:
-  """bin k = floor(κ / w), i.e. [k·w, (k+1)·w); κ = 1 exactly (a cosine's maximum) joins the top bin [1 − w, 1]."""
-  return np.minimum(np.floor(kappa / bin_width).astype(int), int(round(1.0 / bin_width)) - 1)
+def _bins(kappa: np.ndarray, bin_width: float) -> tuple[np.ndarray, np.ndarray]:
+  """(the non-empty bins' indices k, each update's position among them): bin k = floor(κ / w), i.e.
+  [k·w, (k+1)·w); κ = 1 exactly (a cosine's maximum) joins the top bin [1 − w, 1]."""
+  index = np.minimum(np.floor(kappa / bin_width).astype(int), int(round(1.0 / bin_width)) - 1)
+  return np.unique(index, return_inverse=True)
 
 
 def _correlations(kappa: np.ndarray, align: np.ndarray, bin_width: float) -> dict[str, float]:
   """`alignment_stats`'s four correlations, without the bin table (the bootstrap's inner step)."""
-  keys, inverse = np.unique(_bin_index(kappa, bin_width), return_inverse=True)
+  keys, inverse = _bins(kappa, bin_width)
   centres = (keys + 0.5) * bin_width
   means = np.bincount(inverse, align) / np.bincount(inverse)
   return {"pearson": _pearson(kappa, align), "spearman": _spearman(kappa, align),
@@ -87,12 +83,14 @@ def alignment_stats(kappa: np.ndarray, align: np.ndarray, bin_width: float = 0.1
   its 95% t-interval (`alignment_ci95`, nan for a bin of one update). A correlation needs 2+ points with
   variation; otherwise it is nan."""
   kappa, align = np.asarray(kappa, float), np.asarray(align, float)
-  index = _bin_index(kappa, bin_width)
-  bins = [{"lo": round(k * bin_width, 10), "hi": round((k + 1) * bin_width, 10),
-           "centre": round((k + 0.5) * bin_width, 10), "count": int((index == k).sum()),
-           "mean_kappa": float(kappa[index == k].mean()), "mean_alignment": float(align[index == k].mean()),
-           "alignment_ci95": report_stats.interval(align[index == k]).half_width}
-          for k in sorted(set(index.tolist()))]
+  keys, inverse = _bins(kappa, bin_width)
+  bins = []
+  for i, k in enumerate(keys.tolist()):
+    in_bin = inverse == i
+    bins.append({"lo": round(k * bin_width, 10), "hi": round((k + 1) * bin_width, 10),
+                 "centre": round((k + 0.5) * bin_width, 10), "count": int(in_bin.sum()),
+                 "mean_kappa": float(kappa[in_bin].mean()), "mean_alignment": float(align[in_bin].mean()),
+                 "alignment_ci95": report_stats.interval(align[in_bin]).half_width})
   return {"n": int(len(kappa)), "bin_width": bin_width, **_correlations(kappa, align, bin_width), "bins": bins}
 
 
@@ -316,6 +314,6 @@ def overhead_report(r: report_lib.SweepReport) -> list[str]:
 REPORT_KINDS = {"overhead": overhead_report, "alignment": alignment_report}
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "CORRELATIONS", "OVERHEAD_METRICS", "REPORT_KINDS", "alignment_figure",
-           "alignment_frame", "alignment_intervals", "alignment_markdown", "alignment_pairs", "alignment_report",
+           "alignment_frame", "alignment_intervals", "alignment_markdown", "alignment_report",
            "alignment_stats", "alignment_summary", "autocorrelations", "block_bootstrap_indices", "block_length",
            "detrended_pearson", "overhead_figure", "overhead_report"]
