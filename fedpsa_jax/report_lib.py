@@ -338,8 +338,9 @@ def _pooled_markdown(pooled: pd.DataFrame, keys: list[str], spec: dict[str, Any]
            "| " + " | ".join([display_name(spec, k) for k in keys] + stats) + " |",
            "|" + "---|" * (len(keys) + len(stats))]
   for _, r in pooled.iterrows():
-    cells = [str(int(r.n_columns)), *_comparison_cells(r, decimals, with_paper, "too few seeds" if np.isnan(r.p_value)
-                                                       else "", [str(int(r.pairs)), f"{int(r.above)} / {int(r.below)}"])]
+    unknown = "too few seeds" if np.isnan(r.p_value) else ""
+    counts = [str(int(r.pairs)), f"{int(r.above)} / {int(r.below)}"]
+    cells = [str(int(r.n_columns)), *_comparison_cells(r, decimals, with_paper, unknown, counts)]
     lines.append("| " + " | ".join([display_name(spec, r[k]) for k in keys] + cells) + " |")
   return "\n".join(lines) + "\n"
 
