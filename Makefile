@@ -57,26 +57,30 @@ test-avx2: $(STAMP)
 		$(NUMERICS_TESTS) $(ARGS)
 
 # docs/results.md: its three sweeps (hours to a day of a 2-core CPU; rerun to resume, finished members are
-# skipped), their reports, and the reports' files copied into docs/results/. DATA: a tfds data folder holding
-# the full MNIST prepared (README, "Data"); RESULTS: where the runs go.
+# skipped), then their reports. Each sweep keeps its finished members' records (config, summary, metrics, events;
+# no checkpoints) in docs/results/<sweep>/ (--records), a sweep directory small enough to commit: the reports
+# are drawn from there, and on a fresh clone the sweeps start from them. DATA: a tfds data folder holding the
+# full MNIST prepared (README, "Data"); RESULTS: where the runs themselves (with checkpoints) go.
 RESULTS ?= runs/results
 DATA ?= $(HOME)/tensorflow_datasets
 RESULT_SWEEPS := table1_mnist_5k mnist_full fedpsa_parts
 results: $(STAMP)
-	$(PY) launch.py --mode=sweep --config=configs/results/table1_mnist_5k.py --workdir=$(RESULTS)/table1_mnist_5k
+	$(PY) launch.py --mode=sweep --config=configs/results/table1_mnist_5k.py --workdir=$(RESULTS)/table1_mnist_5k \
+		--records=docs/results/table1_mnist_5k
 	$(PY) launch.py --mode=sweep --config=configs/results/mnist_full.py:data.data_dir=$(DATA) \
-		--workdir=$(RESULTS)/mnist_full
-	$(PY) launch.py --mode=sweep --config=configs/results/fedpsa_parts.py --workdir=$(RESULTS)/fedpsa_parts
+		--workdir=$(RESULTS)/mnist_full --records=docs/results/mnist_full
+	$(PY) launch.py --mode=sweep --config=configs/results/fedpsa_parts.py --workdir=$(RESULTS)/fedpsa_parts \
+		--records=docs/results/fedpsa_parts
 	$(MAKE) results-report
 
-# The reports alone (of finished or partly finished sweeps: a member not finished shows as n/a), drawn with the
-# layout of today's configs/results/*.py (a sweep that ran before the layout changed needs no rerun).
+# The reports alone, from the records in docs/results/<sweep>/ into docs/results/<sweep>/report/ (of finished or
+# partly finished sweeps: a member not recorded shows as n/a), drawn with the layout of today's
+# configs/results/*.py (records kept before the layout changed need no rerun).
 results-report: $(STAMP)
 	for s in $(RESULT_SWEEPS); do \
-		test -f $(RESULTS)/$$s/sweep.json || { echo "$(RESULTS)/$$s: not started, skipped"; continue; }; \
-		$(PY) launch.py --mode=report --workdir=$(RESULTS)/$$s --config=configs/results/$$s.py && \
-		rm -rf docs/results/$$s && mkdir -p docs/results/$$s && \
-		find $(RESULTS)/$$s/report -maxdepth 1 -type f -exec cp {} docs/results/$$s/ \; || exit 1; \
+		test -f docs/results/$$s/sweep.json || { echo "docs/results/$$s: no records, skipped"; continue; }; \
+		rm -rf docs/results/$$s/report && \
+		$(PY) launch.py --mode=report --workdir=docs/results/$$s --config=configs/results/$$s.py || exit 1; \
 	done
 
 clean:

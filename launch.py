@@ -43,6 +43,10 @@ _COMPILATION_CACHE = flags.DEFINE_string(
     "(default: WORKDIR/jax_cache; '' turns it off). Members recompile the same functions; the cache spares "
     "them and does not change results. It holds executable code: use only a cache "
     "this user made.")
+_RECORDS = flags.DEFINE_string(
+    "records", None, "sweep: also keep each finished member's record (config, summary, metrics, events; no "
+    "checkpoints) in this directory, a sweep directory small enough to commit that --mode=report reads; members "
+    "recorded there start done, e.g. on a fresh machine.")
 _RAY_ADDRESS = flags.DEFINE_string("ray_address", None, "sweep --executor=ray: the cluster address for "
                                    "ray.init(address=...) ('auto': this node's cluster); none: a local instance.")
 flags.DEFINE_integer("host_devices", host_devices.DEFAULT, "CPU only: host devices XLA creates (set before JAX "
@@ -69,7 +73,7 @@ def main(argv: list[str]) -> int:
   options = modes.Options(
       config_path=config_flags.get_config_filename(flags.FLAGS["config"]), mode=_MODE.value,
       workdir=_WORKDIR.value, resume=_RESUME.value, executor=_EXECUTOR.value, ray_address=_RAY_ADDRESS.value,
-      compilation_cache=_COMPILATION_CACHE.value, profile_trace=_PROFILE_TRACE.value,
+      compilation_cache=_COMPILATION_CACHE.value, records=_RECORDS.value, profile_trace=_PROFILE_TRACE.value,
       profile_repeats=_PROFILE_REPEATS.value, verbose=_VERBOSE.value)
   return modes.main(_CONFIG.value, options)
 

@@ -20,6 +20,10 @@ and the same budget) and otherwise lets `Simulation` continue it from its own ch
 an interrupted sweep rerun with the same command redoes nothing finished, and a field added to another
 method's section since then reruns nothing.
 `SWEEP_DIR/sweep.json` holds the sweep config and the member list, which is all the report needs.
+With a records directory (`--records=DIR`), each finished member's record (`RECORD_FILES`: its config, summary,
+metrics and events, not its checkpoints) is also kept in DIR/runs/<member>, and a member whose record there is
+done for its config starts done (`restore_records`): DIR, small enough to commit, is a sweep directory the report
+reads, and it carries a sweep's finished members to a fresh machine (docs/results.md keeps its sweeps so).
 A running sweep holds `SWEEP_DIR/.lock` (`locked`) from writing sweep.json to its last member: a second
 sweep on the same directory is refused at once (ConfigError), never run beside it.
 
@@ -35,6 +39,7 @@ import itertools
 import math
 import os
 import re
+import shutil
 import time
 from typing import Any, Callable, Iterator, Sequence
 
@@ -48,6 +53,7 @@ from fedpsa_jax.errors import ConfigError, DamagedRunFile, OutputWriteError, is_
 from fedpsa_jax.validation import INT64_MAX
 
 SWEEP_FILE = "sweep.json"
+RECORD_FILES = (io.CONFIG_FILE, io.SUMMARY_FILE, io.METRICS_FILE, io.EVENTS_FILE)  # what `is_done` and a report read
 LOCK_FILE = io.LOCK_FILE
 RUNS_DIR = "runs"
 EXECUTORS = ("local", "ray")
@@ -233,6 +239,80 @@ def run_member(config_json: dict[str, Any], run_dir: str, compilation_cache: str
   return {**io.read_summary(run_dir), "sweep_action": "ran"}
 
 
+def check_records_dir(records_dir: str, sweep: ml_collections.ConfigDict, sweep_dir: str) -> None:
+  """ConfigError before any work when `records_dir` cannot keep this sweep's records: it is the sweep directory
+  itself, a file, or the records of another sweep (its sweep.json names another one)."""
+  if os.path.realpath(records_dir) == os.path.realpath(sweep_dir):
+    raise ConfigError(f"--records={records_dir!r} is the sweep directory itself; allowed: another directory (the "
+                      "records are a copy of the finished members, without their checkpoints)")
+  if os.path.lexists(records_dir) and not os.path.isdir(records_dir):
+    raise ConfigError(f"--records={records_dir!r} is not a directory; allowed: a directory (made if missing)")
+  if not os.path.exists(os.path.join(records_dir, SWEEP_FILE)):
+    return
+  try:
+    kept = read_sweep_json(records_dir)["sweep"]["name"]
+  except (DamagedRunFile, OSError, ValueError) as err:
+    raise ConfigError(f"--records={records_dir!r} holds an unreadable {SWEEP_FILE} ({err}); allowed: the "
+                      "records directory of this sweep, or a new one") from None
+  if kept != sweep.name:
+    raise ConfigError(f"--records={records_dir!r} holds the records of sweep {kept!r}, not of {sweep.name!r}; "
+                      "allowed: the records directory of this sweep, or a new one")
+
+
+def save_record(run_dir: str, records_dir: str, name: str) -> bool:
+  """Copies a completed member's record (`RECORD_FILES`, not its checkpoints) from `run_dir` to
+  records_dir/runs/<name>, replacing an older copy by one rename (a half-written record is never seen).
+  False, copying nothing, when the member has not completed. OutputWriteError when it cannot be written."""
+  summary = io.read_summary(run_dir)
+  if not summary or summary.get("status") != "completed":
+    return False
+  target = member_dir(records_dir, name)
+  fresh, stale = f"{target}.new", f"{target}.old"
+  try:
+    for leftover in (fresh, stale):  # (a copy an interrupted save left)
+      shutil.rmtree(leftover, ignore_errors=True)
+    os.makedirs(fresh)
+    for file in RECORD_FILES:
+      if os.path.exists(os.path.join(run_dir, file)):
+        shutil.copy2(os.path.join(run_dir, file), fresh)
+    if os.path.exists(target):
+      os.replace(target, stale)
+    os.replace(fresh, target)
+    shutil.rmtree(stale, ignore_errors=True)
+  except OSError as err:
+    raise OutputWriteError.of(err, err.filename or target) from None
+  return True
+
+
+def restore_records(records_dir: str, sweep_dir: str, members: Sequence[Member]) -> list[str]:
+  """Copies into `sweep_dir` the record of each member that has no run directory there yet and whose record in
+  `records_dir` is done for its config (`is_done`: the same run identity and budget); the names restored. A run
+  directory already there is left to continue its own run; a record of another config or budget stays unused."""
+  restored = []
+  for m in members:
+    record, run_dir = member_dir(records_dir, m), member_dir(sweep_dir, m)
+    if os.path.lexists(run_dir) or not os.path.isdir(record) or not is_done(io.config_json(m.config), record):
+      continue
+    try:
+      shutil.copytree(record, f"{run_dir}.new")
+      os.replace(f"{run_dir}.new", run_dir)
+    except OSError as err:
+      raise OutputWriteError.of(err, err.filename or run_dir) from None
+    restored.append(m.name)
+  return restored
+
+
+def _open_records(sweep: ml_collections.ConfigDict, members: Sequence[Member], sweep_dir: str,
+                  records_dir: str | None, log: Callable[[str], None]) -> None:
+  """A sweep's start with a records directory: its finished members restored, its sweep.json written."""
+  if not records_dir:
+    return
+  restored = restore_records(records_dir, sweep_dir, members)
+  if restored:
+    log(f"{len(restored)} finished member(s) restored from the records in {records_dir}")
+  write_sweep_json(sweep, members, records_dir)
+
+
 def _stop_if_disk_full(err: BaseException, run_dir: str) -> None:
   """Raises the OutputWriteError of a member that failed on a full disk (or quota): the sweep stops there."""
   if is_disk_full(err):
@@ -244,15 +324,19 @@ def _failure(member: Member, err: BaseException) -> dict[str, Any]:
 
 
 def run_local(sweep: ml_collections.ConfigDict, sweep_dir: str, log: Callable[[str], None] = print,
-              compilation_cache: str | None = None) -> dict[str, dict]:
+              compilation_cache: str | None = None, records_dir: str | None = None) -> dict[str, dict]:
   """Runs every member one after another in this process; {member name: summary}.
 
   A member that raises an Exception is recorded as failed and the sweep goes on, except on a full disk (every
   member after it would fail alike): that stops the sweep with the member's OutputWriteError, as an
-  interruption (KeyboardInterrupt) does; rerunning resumes (finished members are skipped)."""
+  interruption (KeyboardInterrupt) does; rerunning resumes (finished members are skipped). `records_dir`: see
+  the module docstring (each member's record is saved once it has finished, skipped members' too)."""
   members = expand(sweep)
+  if records_dir:
+    check_records_dir(records_dir, sweep, sweep_dir)
   with locked(sweep_dir, sweep.name):
     write_sweep_json(sweep, members, sweep_dir)
+    _open_records(sweep, members, sweep_dir, records_dir, log)
     results = {}
     for i, m in enumerate(members):
       start = time.perf_counter()
@@ -261,6 +345,8 @@ def run_local(sweep: ml_collections.ConfigDict, sweep_dir: str, log: Callable[[s
       except Exception as err:  # noqa: BLE001 — one broken member must not stop a long sweep
         _stop_if_disk_full(err, member_dir(sweep_dir, m))
         results[m.name] = _failure(m, err)
+      if records_dir:
+        save_record(member_dir(sweep_dir, m), records_dir, m.name)
       log(f"[{i + 1}/{len(members)}] {m.name}: {_outcome(results[m.name])} ({time.perf_counter() - start:.1f} s)")
   return results
 
@@ -274,13 +360,14 @@ def _outcome(summary: dict[str, Any]) -> str:
 
 def run_ray(sweep: ml_collections.ConfigDict, sweep_dir: str, address: str | None = None,
             num_cpus_per_member: float = 1.0, log: Callable[[str], None] = print,
-            compilation_cache: str | None = None) -> dict[str, dict]:
+            compilation_cache: str | None = None, records_dir: str | None = None) -> dict[str, dict]:
   """Runs every member as a Ray task (`run_member` remotely); {member name: summary}.
 
   `address`: the cluster to join (`ray.init(address=...)`; 'auto' for the local node's cluster); None
   joins an already initialised Ray or starts a local instance. The sweep directory must be on storage
   every node sees (a shared filesystem), and fedpsa_jax importable on every node. Members that are done
-  are skipped by the task itself, so a resumed sweep costs one cheap task per finished member.
+  are skipped by the task itself, so a resumed sweep costs one cheap task per finished member. `records_dir`: as
+  `run_local`'s, written here as each task returns (from the shared sweep directory).
   """
   try:
     import ray
@@ -288,15 +375,19 @@ def run_ray(sweep: ml_collections.ConfigDict, sweep_dir: str, address: str | Non
     raise ConfigError("--executor=ray needs the ray package (pip install ray); allowed: --executor=local, "
                                  "or install ray") from err
   members = expand(sweep)  # (every member validated before Ray starts)
+  if records_dir:
+    check_records_dir(records_dir, sweep, sweep_dir)
   with locked(sweep_dir, sweep.name):
-    return _run_ray_members(ray, sweep, members, sweep_dir, address, num_cpus_per_member, log, compilation_cache)
+    return _run_ray_members(ray, sweep, members, sweep_dir, address, num_cpus_per_member, log, compilation_cache,
+                            records_dir)
 
 
 def _run_ray_members(ray: Any, sweep: ml_collections.ConfigDict, members: Sequence[Member], sweep_dir: str,
                      address: str | None, num_cpus_per_member: float, log: Callable[[str], None],
-                     compilation_cache: str | None) -> dict[str, dict]:
+                     compilation_cache: str | None, records_dir: str | None) -> dict[str, dict]:
   """`run_ray`'s work once the sweep directory is locked."""
   write_sweep_json(sweep, members, sweep_dir)
+  _open_records(sweep, members, sweep_dir, records_dir, log)
   if not ray.is_initialized():
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
   task = ray.remote(num_cpus=num_cpus_per_member)(run_member)
@@ -315,15 +406,19 @@ def _run_ray_members(ray: Any, sweep: ml_collections.ConfigDict, members: Sequen
           ray.cancel(ref)
       _stop_if_disk_full(err, member_dir(sweep_dir, m))
       results[m.name] = _failure(m, err)
+    if records_dir:
+      save_record(member_dir(sweep_dir, m), records_dir, m.name)
     log(f"[{len(results)}/{len(members)}] {m.name}: {_outcome(results[m.name])}")
   return {m.name: results[m.name] for m in members}
 
 
 def run(sweep: ml_collections.ConfigDict, sweep_dir: str, executor: str = "local", address: str | None = None,
-        log: Callable[[str], None] = print, compilation_cache: str | None = None) -> dict[str, dict]:
-  """Runs a sweep with the named executor ('local' or 'ray'); {member name: summary}."""
+        log: Callable[[str], None] = print, compilation_cache: str | None = None,
+        records_dir: str | None = None) -> dict[str, dict]:
+  """Runs a sweep with the named executor ('local' or 'ray'); {member name: summary}. `records_dir`: where
+  the finished members' records are kept as well (module docstring); None: nowhere else."""
   if executor not in EXECUTORS:
     raise ConfigError(f"--executor={executor!r} is invalid; allowed: {', '.join(EXECUTORS)}")
   if executor == "ray":
-    return run_ray(sweep, sweep_dir, address, log=log, compilation_cache=compilation_cache)
-  return run_local(sweep, sweep_dir, log=log, compilation_cache=compilation_cache)
+    return run_ray(sweep, sweep_dir, address, log=log, compilation_cache=compilation_cache, records_dir=records_dir)
+  return run_local(sweep, sweep_dir, log=log, compilation_cache=compilation_cache, records_dir=records_dir)

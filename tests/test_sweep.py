@@ -96,3 +96,139 @@ def test_a_full_disk_stops_the_sweep_instead_of_failing_every_member(tmp_path, m
   monkeypatch.setattr(sweep.io, "write_json_atomic", lambda *args: (_ for _ in ()).throw(full))
   with pytest.raises(errors.OutputWriteError, match=r"cannot write .*sweep.json: No space left on device \(ENOSPC\)"):
     sweep.write_sweep_json(_tiny_sweep(), [], str(tmp_path / "other"))
+
+
+class _FakeSimulation:
+  """Stands in for `runner.Simulation` under the real `sweep.run_member` (and so the real `is_done`): writes
+  the files a run leaves (config, summary, metrics, a checkpoint), 'failed' for the methods in `fail`."""
+
+  ran: list = []
+  fail: set = set()
+
+  def __init__(self, config, run_dir):
+    self.config, self.run_dir = config, run_dir
+
+  def run(self):
+    from fedpsa_jax import io
+
+    type(self).ran.append(self.config.method)
+    os.makedirs(os.path.join(self.run_dir, "checkpoints", "7"), exist_ok=True)
+    (open(os.path.join(self.run_dir, "checkpoints", "7", "arrays"), "w")).write("big")
+    io.write_json_atomic(os.path.join(self.run_dir, "config.json"), io.config_json(self.config))
+    with open(os.path.join(self.run_dir, "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"day": 0.005, "test_accuracy": 0.5, "method": self.config.method}) + "\n")
+    status = "failed" if self.config.method in self.fail else "completed"
+    io.write_json_atomic(os.path.join(self.run_dir, "summary.json"), {"status": status, "method": self.config.method})
+
+
+@pytest.fixture
+def fake_runs(monkeypatch):
+  from fedpsa_jax.sim import runner
+
+  monkeypatch.setattr(runner, "Simulation", _FakeSimulation)
+  monkeypatch.setattr(_FakeSimulation, "ran", [])
+  monkeypatch.setattr(_FakeSimulation, "fail", set())
+  return _FakeSimulation
+
+
+def _files(directory):
+  """The files (not the folders) in `directory`: {name: bytes}."""
+  return {name: open(os.path.join(directory, name), "rb").read() for name in sorted(os.listdir(directory))
+          if os.path.isfile(os.path.join(directory, name))}
+
+
+def test_records_keep_the_finished_members_and_bring_them_to_a_fresh_machine(tmp_path, fake_runs):
+  """--records: each completed member's config, summary and metrics (not its checkpoints, not a failed run) are
+  copied byte for byte; a fresh sweep directory with the same records runs only what is not recorded."""
+  first, records = str(tmp_path / "first"), str(tmp_path / "records")
+  fake_runs.fail = {"fedasync"}
+  results = sweep.run_local(_tiny_sweep(), first, log=lambda _: None, records_dir=records)
+  assert fake_runs.ran == ["fedbuff", "fedasync", "fedpsa"]
+  assert [r["status"] for r in results.values()] == ["completed", "failed", "completed"]
+  assert sorted(os.listdir(os.path.join(records, "runs"))) == ["method=fedbuff,seed=0", "method=fedpsa,seed=0"]
+  for name in ("method=fedbuff,seed=0", "method=fedpsa,seed=0"):
+    kept = _files(os.path.join(records, "runs", name))
+    assert sorted(os.listdir(os.path.join(records, "runs", name))) == list(kept) == [
+        "config.json", "metrics.jsonl", "summary.json"]
+    assert kept == {k: v for k, v in _files(os.path.join(first, "runs", name)).items() if k in kept}
+  assert _files(records)["sweep.json"] == _files(first)["sweep.json"]
+
+  fresh = str(tmp_path / "fresh")  # another machine: only the records came along
+  fake_runs.ran, fake_runs.fail = [], set()
+  logged = []
+  results = sweep.run_local(_tiny_sweep(), fresh, log=logged.append, records_dir=records)
+  assert fake_runs.ran == ["fedasync"]
+  assert [r["sweep_action"] for r in results.values()] == ["skipped", "ran", "skipped"]
+  assert logged[0] == f"2 finished member(s) restored from the records in {records}"
+  assert _files(os.path.join(fresh, "runs", "method=fedbuff,seed=0")) == _files(
+      os.path.join(records, "runs", "method=fedbuff,seed=0"))
+  assert len(os.listdir(os.path.join(records, "runs"))) == 3  # the member finished here is recorded too
+
+
+def test_a_sweep_run_without_records_is_recorded_by_a_rerun_with_them(tmp_path, fake_runs):
+  """The members a sweep finished before --records was given are recorded when it is rerun with it, unrun."""
+  workdir, records = str(tmp_path / "sweep"), str(tmp_path / "records")
+  sweep.run_local(_tiny_sweep(), workdir, log=lambda _: None)
+  fake_runs.ran = []
+  results = sweep.run_local(_tiny_sweep(), workdir, log=lambda _: None, records_dir=records)
+  assert fake_runs.ran == [] and {r["sweep_action"] for r in results.values()} == {"skipped"}
+  assert sorted(os.listdir(os.path.join(records, "runs"))) == sorted(results)
+
+
+def test_a_record_is_replaced_whole_and_only_by_a_completed_run(tmp_path, fake_runs):
+  """A newer completed run replaces the whole record (no file of the old one stays, no half-copied folder from
+  an interrupted save is left); a run that is not completed copies nothing."""
+  run_dir, records = str(tmp_path / "run"), str(tmp_path / "records")
+  member = sweep.expand(_tiny_sweep(("fedbuff",)))[0]
+  old = os.path.join(records, "runs", member.name)
+  os.makedirs(old)
+  (tmp_path / "records" / "runs" / member.name / "events.jsonl").write_text("old\n")
+  os.makedirs(old + ".new")  # what a save killed halfway leaves
+  assert not sweep.save_record(run_dir, records, member.name)  # nothing there yet
+  _FakeSimulation(member.config, run_dir).run()
+  assert sweep.save_record(run_dir, records, member.name)
+  assert sorted(os.listdir(os.path.join(records, "runs"))) == [member.name]
+  assert sorted(os.listdir(old)) == ["config.json", "metrics.jsonl", "summary.json"]
+  assert _files(old) == _files(run_dir)
+
+
+def test_records_of_another_budget_and_runs_already_started_are_left_alone(tmp_path, fake_runs):
+  """Restoring never overwrites a run directory that exists (a started run continues itself) and never takes a
+  record that is not done for the member's config (another budget)."""
+  records, fresh = str(tmp_path / "records"), str(tmp_path / "fresh")
+  sweep.run_local(_tiny_sweep(), str(tmp_path / "first"), log=lambda _: None, records_dir=records)
+  longer = _tiny_sweep()
+  longer.base.sim.virtual_days = 0.0075
+  started = os.path.join(fresh, "runs", "method=fedbuff,seed=0")
+  os.makedirs(os.path.join(started, "checkpoints"))
+  members = sweep.expand(_tiny_sweep())
+  assert sweep.restore_records(records, fresh, members) == ["method=fedasync,seed=0", "method=fedpsa,seed=0"]
+  assert os.listdir(started) == ["checkpoints"]
+  assert sweep.restore_records(records, str(tmp_path / "other"), sweep.expand(longer)) == []
+
+
+def test_a_records_directory_that_cannot_hold_this_sweeps_records_is_refused_before_any_work(tmp_path, fake_runs):
+  workdir = str(tmp_path / "sweep")
+  (tmp_path / "file").write_text("x")
+  other = _tiny_sweep()
+  other.name = "another"
+  sweep.write_sweep_json(other, [], str(tmp_path / "theirs"))
+  for records, message in [
+      (workdir, f"--records={workdir!r} is the sweep directory itself; allowed: another directory"),
+      (str(tmp_path / "file"), f"--records={str(tmp_path / 'file')!r} is not a directory; allowed: a directory"),
+      (str(tmp_path / "theirs"), f"--records={str(tmp_path / 'theirs')!r} holds the records of sweep 'another', "
+                                 "not of 'tiny'; allowed: the records directory of this sweep, or a new one")]:
+    with pytest.raises(config_lib.ConfigError) as err:
+      sweep.run_local(_tiny_sweep(), workdir, log=lambda _: None, records_dir=records)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+    assert not os.path.exists(workdir) and fake_runs.ran == []
+
+
+def test_records_is_refused_outside_the_sweep_mode():
+  from fedpsa_jax.cli import modes
+
+  for mode in ("train", "report", "profile"):
+    with pytest.raises(config_lib.ConfigError, match=rf"^--records is only for --mode=sweep, not --mode={mode}; "):
+      modes.run_mode(config_lib.base_config(), modes.Options("configs/default.py", mode=mode, records="r"))
+  with pytest.raises(config_lib.ConfigError, match=r"^--records= is empty; allowed: a directory, or no --records$"):
+    modes.run_mode(_tiny_sweep(), modes.Options("configs/default.py", mode="sweep", records=""))

@@ -13,7 +13,9 @@ jax.profiler trace (TensorBoard / Perfetto) to WORKDIR/trace with one named scop
 sweep: the config is a sweep config (configs/paper/*.py); every member runs into WORKDIR/runs/<member>
 (default WORKDIR: runs/<config>[-<arg>]), skipping finished members, so rerunning the same command resumes an
 interrupted sweep. `executor="local"` runs them one after another here; `"ray"` runs each as a Ray task on
-the cluster at `ray_address` (None: a local Ray instance). Exit code 1 if a member failed.
+the cluster at `ray_address` (None: a local Ray instance). `records`: a directory that also keeps each finished
+member's record (no checkpoints) and restores it on a fresh machine (fedpsa_jax/sweep.py). Exit code 1 if a
+member failed.
 
 report: the workdir is a sweep directory (the table in the paper's layout as markdown and CSV, and the
 figures, in WORKDIR/report) or a single run directory (its learning curve and figures, in WORKDIR/report).
@@ -51,6 +53,7 @@ class Options:
   executor: str = "local"
   ray_address: str | None = None
   compilation_cache: str | None = None  # None: WORKDIR/jax_cache; '': none
+  records: str | None = None  # `--records`: sweep only; the finished members' records kept there as well
   profile_trace: bool = False
   profile_repeats: int = 5
   verbose: bool = False  # `--verbose`: the libraries' info log lines (absl, JAX, tfds) on the console too
@@ -93,7 +96,8 @@ def run_sweep(config: ml_collections.ConfigDict, options: Options) -> int:
   workdir = options.workdir or run_name.sweep_workdir(options.config_path)
   cache = options.compilation_cache
   cache = os.path.join(workdir, "jax_cache") if cache is None else cache
-  results = sweep_lib.run(config, workdir, options.executor, options.ray_address, compilation_cache=cache or None)
+  results = sweep_lib.run(config, workdir, options.executor, options.ray_address, compilation_cache=cache or None,
+                          records_dir=options.records)
   failed = [name for name, s in results.items() if s.get("sweep_action") == "failed"]
   print(f"sweep {config.name}: {len(results) - len(failed)}/{len(results)} members done in {workdir}"
         + (f"; failed: {', '.join(failed)}" if failed else "")
@@ -124,6 +128,11 @@ def run_mode(config: ml_collections.ConfigDict, options: Options) -> int:
   if options.workdir == "":  # (given, but empty: not the same as no --workdir)
     raise config_lib.ConfigError("--workdir= is empty; allowed: a directory (without --workdir, the mode's "
                                  "default: a new runs/<config>-<time> for a run)")
+  if options.records is not None and options.mode != "sweep":
+    raise config_lib.ConfigError(f"--records is only for --mode=sweep, not --mode={options.mode}; allowed: "
+                                 "--mode=sweep --records=DIR, or no --records")
+  if options.records == "":
+    raise config_lib.ConfigError("--records= is empty; allowed: a directory, or no --records")
   if options.mode == "report":
     return run_report(options.workdir, config)
   if options.mode == "sweep":

@@ -1,6 +1,6 @@
 """Sweeps run whole: the Table 1 smoke sweep and its report through launch.py, a resume after an
-interruption that does not redo finished members, the Ray executor against the local one, and launch.py's
-one-line refusals (a run config as a sweep, a busy sweep directory).
+interruption that does not redo finished members, a report drawn from a sweep's records alone, the Ray executor
+against the local one, and launch.py's one-line refusals (a run config as a sweep, a busy sweep directory).
 """
 
 from __future__ import annotations
@@ -111,6 +111,26 @@ def test_interrupted_sweep_resumes_without_redoing_finished_members(tmp_path, mo
 
 
 @pytest.mark.slow
+def test_a_report_from_the_records_alone_is_the_report_of_the_sweep(tmp_path):
+  """--records on real runs: the records directory (no checkpoints) draws the same table as the sweep directory,
+  and a fresh sweep directory given those records runs nothing."""
+  from fedpsa_jax import report
+
+  workdir, records = str(tmp_path / "sweep"), str(tmp_path / "records")
+  config = _tiny_sweep(("fedbuff", "fedpsa"))
+  sweep.run_local(config, workdir, log=lambda _: None, records_dir=records)
+  assert not any("checkpoints" in dirs for _, dirs, _ in os.walk(records))
+  report.build(workdir)
+  report.build(records)
+  for name in ("table.csv", "members.csv"):
+    drawn = [pd.read_csv(os.path.join(d, "report", name)) for d in (workdir, records)]
+    pd.testing.assert_frame_equal(drawn[0], drawn[1])
+  assert len(drawn[1]) == 2 and set(drawn[1]["status"]) == {"completed"}
+  results = sweep.run_local(config, str(tmp_path / "fresh"), log=lambda _: None, records_dir=records)
+  assert [r["sweep_action"] for r in results.values()] == ["skipped", "skipped"]
+
+
+@pytest.mark.slow
 def test_ray_executor_gives_the_local_executor_results(tmp_path):
   ray = pytest.importorskip("ray")
   config = _tiny_sweep(("fedbuff", "fedpsa"))
@@ -118,9 +138,10 @@ def test_ray_executor_gives_the_local_executor_results(tmp_path):
   ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
            runtime_env={"env_vars": {"PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}})
   try:
-    remote = sweep.run_ray(config, str(tmp_path / "ray"), log=lambda _: None)
+    remote = sweep.run_ray(config, str(tmp_path / "ray"), log=lambda _: None, records_dir=str(tmp_path / "records"))
   finally:
     ray.shutdown()
+  assert sorted(os.listdir(tmp_path / "records" / "runs")) == sorted(remote)  # kept as each task returned
   assert list(remote) == list(local) == ["method=fedbuff,seed=0", "method=fedpsa,seed=0"]
   for name in local:
     assert remote[name]["sweep_action"] == "ran"
