@@ -104,8 +104,9 @@ class Table:
   seeds (NaN with one seed), their seed counts, and (with a reference) the paired comparison of each cell with
   the reference's cell of the same column: rows of `paired` are (row key, column, Δ, half-width, p, n); and with
   two or more columns, each row's difference over all columns at once (`report_stats.pooled_difference`): rows
-  of `pooled` are (row key, columns, Δ, half-width, p, pairs, the pairs above and below the reference, the
-  published Δ averaged over those columns)."""
+  of `pooled` are (row key, columns, Δ, half-width, p, the half-width and p with each column's own spread
+  (`report_stats.per_column_difference`), pairs, the pairs above and below the reference, the published Δ
+  averaged over those columns)."""
 
   markdown: str
   means: pd.DataFrame
@@ -228,11 +229,13 @@ def _pooled_frame(pooled: dict[tuple, tuple[dict[tuple, list[float]], list[float
     if len(by_column) < 2:
       continue
     d = report_stats.pooled_difference(by_column)
+    own = report_stats.per_column_difference(by_column)
     every = np.concatenate(list(by_column.values()))
-    records.append((*rk, len(by_column), d.diff.mean, d.diff.half_width, d.p_value, d.diff.n, int((every > 0).sum()),
-                    int((every < 0).sum()), float(np.mean(published_by_column))))
-  return pd.DataFrame(records, columns=[*rows, "n_columns", "difference", "ci95_half_width", "p_value", "pairs",
-                                        "above", "below", "published_difference"])
+    records.append((*rk, len(by_column), d.diff.mean, d.diff.half_width, d.p_value, own.diff.half_width, own.p_value,
+                    d.diff.n, int((every > 0).sum()), int((every < 0).sum()), float(np.mean(published_by_column))))
+  return pd.DataFrame(records, columns=[*rows, "n_columns", "difference", "ci95_half_width", "p_value",
+                                        "ci95_half_width_per_column", "p_value_per_column", "pairs", "above", "below",
+                                        "published_difference"])
 
 
 def column_key(labels: Sequence[Any]) -> str:
@@ -325,7 +328,7 @@ def _pooled_markdown(pooled: pd.DataFrame, keys: list[str], spec: dict[str, Any]
   Holm's adjustment over the rows, the pairs, a verdict and (where published) the published Δ averaged."""
   with_paper = pooled["published_difference"].notna().any()
   level = f"{report_stats.SIGNIFICANCE:.2f}"
-  stats = ["columns", "Δ", "p", "p (Holm)", "pairs", "above / below", "verdict"] + (
+  stats = ["columns", "Δ", "p", "p (Holm)", "p (own spreads)", "pairs", "above / below", "verdict"] + (
       ["published Δ", "the published ordering"] if with_paper else [])
   lines = ["### Over all columns at once\n",
            f"Each row against {reference} in every column together: Δ is the mean of the columns' differences (each "
@@ -333,13 +336,16 @@ def _pooled_markdown(pooled: pd.DataFrame, keys: list[str], spec: dict[str, Any]
            "pooled over the columns (a paired t-test on pairs − columns degrees of freedom, which reads the columns "
            "as fixed: these settings, not a sample of settings). More pairs stand behind it than behind one cell, so "
            f"it resolves smaller differences. p (Holm) is adjusted over this table's rows; 'larger than the noise' "
-           f"when p < {level}. Above / below: the pairs in which the row is above or below {reference}, a count "
-           "that assumes nothing of the differences' distribution.\n",
+           f"when p < {level}. p (own spreads) is a check on that pooling: each column's spread its own (Welch and "
+           "Satterthwaite's degrees of freedom), for columns whose seeds spread unequally; it is weaker with few "
+           f"seeds. Above / below: the pairs in which the row is above or below {reference}, a count that assumes "
+           "nothing of the differences' distribution.\n",
            "| " + " | ".join([display_name(spec, k) for k in keys] + stats) + " |",
            "|" + "---|" * (len(keys) + len(stats))]
   for _, r in pooled.iterrows():
     unknown = "too few seeds" if np.isnan(r.p_value) else ""
-    counts = [str(int(r.pairs)), f"{int(r.above)} / {int(r.below)}"]
+    own = "n/a" if np.isnan(r.p_value_per_column) else f"{r.p_value_per_column:.3f}"
+    counts = [own, str(int(r.pairs)), f"{int(r.above)} / {int(r.below)}"]
     cells = [str(int(r.n_columns)), *_comparison_cells(r, decimals, with_paper, unknown, counts)]
     lines.append("| " + " | ".join([display_name(spec, r[k]) for k in keys] + cells) + " |")
   return "\n".join(lines) + "\n"
@@ -500,7 +506,8 @@ def paired_figure(pooled: pd.DataFrame, spec: dict[str, Any], path: str) -> str:
   plt = pyplot()
   metrics = list(dict.fromkeys(pooled["metric"]))
   keys = [c for c in pooled.columns if c not in ("n_columns", "difference", "ci95_half_width", "p_value", "p_holm",
-                                                  "pairs", "above", "below", "metric", "published_difference")]
+                                                  "ci95_half_width_per_column", "p_value_per_column", "pairs",
+                                                  "above", "below", "metric", "published_difference")]
   fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 0.45 * pooled.groupby("metric").size().max()
                                                      + 1.4), squeeze=False)
   reference = " ".join(display_name(spec, v) for v in dict(spec.get("reference") or {}).values())

@@ -101,6 +101,29 @@ def pooled_difference(differences: Mapping[Any, Sequence[float]]) -> PairedDiffe
   return PairedDifference(Interval(estimate, float(t * se), n), p_value)
 
 
+def per_column_difference(differences: Mapping[Any, Sequence[float]]) -> PairedDifference:
+  """`pooled_difference`'s estimate with each column's own spread instead of one pooled over the columns, for
+  columns whose seeds spread unequally: SE² = Σ_c v_c / C², v_c = s_c² / n_c (s_c² the column's sample variance),
+  on Welch and Satterthwaite's degrees of freedom (Σ_c v_c)² / Σ_c (v_c² / (n_c − 1)). With equal spreads and
+  pair counts it is `pooled_difference`; with two columns, Welch's t-test of the first against the second negated.
+  NaN p when a column has fewer than two pairs (no spread of its own)."""
+  columns = [np.asarray(v, float) for v in differences.values() if len(v)]
+  if not columns:
+    return PairedDifference(Interval(math.nan, math.nan, 0), math.nan)
+  n = sum(len(v) for v in columns)
+  estimate = float(np.mean([v.mean() for v in columns]))
+  if min(len(v) for v in columns) < 2:
+    return PairedDifference(Interval(estimate, math.nan, n), math.nan)
+  shares = np.array([v.var(ddof=1) / len(v) for v in columns])
+  se = math.sqrt(shares.sum()) / len(columns)
+  if se == 0:
+    return PairedDifference(Interval(estimate, 0.0, n), 0.0 if estimate != 0 else math.nan)
+  dof = shares.sum() ** 2 / sum(share ** 2 / (len(v) - 1) for share, v in zip(shares, columns))
+  t = scipy.stats.t.ppf(0.5 + CONFIDENCE / 2, dof)
+  p_value = float(2 * scipy.stats.t.sf(abs(estimate) / se, dof))
+  return PairedDifference(Interval(estimate, float(t * se), n), p_value)
+
+
 def holm(p_values: Sequence[float]) -> np.ndarray:
   """Holm's step-down adjustment of a family of p-values (NaN ones, too few seeds, are left out of the family
   and stay NaN): sorted ascending, the j-th (from 1) becomes max over i ≤ j of min(1, (m − i + 1) p_(i)), m the
@@ -117,4 +140,4 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
 
 
 __all__ = ["CONFIDENCE", "Interval", "PairedDifference", "SIGNIFICANCE", "holm", "interval", "paired_difference",
-           "pooled_difference"]
+           "per_column_difference", "pooled_difference"]

@@ -465,6 +465,30 @@ def test_pooled_difference_is_one_least_squares_fit_with_a_column_offset():
   assert report_stats.pooled_difference({"a": [1.0, 1.0], "b": [3.0, 3.0]}).direction == 1
 
 
+def test_per_column_difference_is_welchs_test_and_the_pooled_one_under_equal_spreads():
+  from fedpsa_jax import report_stats
+
+  # Two columns: the mean of their means is 0 exactly when mean(a) − mean(−b) is, Welch's two-sample test
+  # (scipy) of a against b negated, with the same standard error (halved) and Satterthwaite's degrees of freedom.
+  a, b = [2.0, -1.5, 4.0, 0.5], [0.5, 1.0, 0.8]
+  got = report_stats.per_column_difference({"α=0.1": a, "α=0.5": b})
+  welch = scipy.stats.ttest_ind(a, -np.asarray(b), equal_var=False)
+  assert got.diff.mean == pytest.approx((np.mean(a) + np.mean(b)) / 2) and got.diff.n == 7
+  assert got.p_value == pytest.approx(welch.pvalue)
+  se = math.sqrt(np.var(a, ddof=1) / 4 + np.var(b, ddof=1) / 3) / 2
+  assert got.diff.half_width == pytest.approx(scipy.stats.t.ppf(0.975, welch.df) * se)
+  # Equal spreads and pair counts: the pooled test exactly (N − C degrees of freedom either way).
+  equal = {"a": [1.0, 3.0, 2.0], "b": [5.0, 7.0, 6.0], "c": [-4.0, -2.0, -3.0]}
+  pooled, own = report_stats.pooled_difference(equal), report_stats.per_column_difference(equal)
+  assert own.p_value == pytest.approx(pooled.p_value) and own.diff.half_width == pytest.approx(pooled.diff.half_width)
+  # Unequal spreads: the pooled test borrows the quiet column's precision for the noisy one.
+  unequal = {"a": [1.0, 1.1, 0.9], "b": [3.0, -1.0, 4.0]}
+  assert report_stats.per_column_difference(unequal).p_value > report_stats.pooled_difference(unequal).p_value
+  # One column is the paired t-test; a column with one pair has no spread of its own.
+  assert report_stats.per_column_difference({"a": a}).p_value == pytest.approx(scipy.stats.ttest_1samp(a, 0).pvalue)
+  assert math.isnan(report_stats.per_column_difference({"a": a, "b": [2.0]}).p_value)
+
+
 def test_holm_agrees_with_a_hand_computation_and_with_the_step_down_rule():
   from fedpsa_jax import report_stats
 
@@ -569,12 +593,14 @@ def test_reference_marks_only_differences_larger_than_the_noise(tmp_path):
   assert fedasync[["n_columns", "pairs", "above", "below"]].to_numpy().tolist() == [[2, 6, 0, 6]]
   assert fedasync.difference.item() == pytest.approx(-3.0)
   assert fedasync.p_value.item() == pytest.approx(2 * scipy.stats.t.sf(3.0 / se, 4))
+  assert fedasync.p_value_per_column.item() == pytest.approx(fedasync.p_value.item())  # (equal spreads)
   for _, rows in over.groupby("metric"):  # Holm over each metric's rows
     np.testing.assert_allclose(rows.p_holm, report_stats.holm(rows.p_value.to_numpy()))
   assert "### Over all columns at once" in paired_md
   pooled_line = lambda method: next(l for l in paired_md.split("### Over all columns at once")[1].splitlines()
                                     if l.startswith(f"| {method} | 2 |"))
-  assert pooled_line("FedAsync").endswith("| 6 | 0 / 6 | lower | -1.25 | holds |")  # published: (−3 + 0.5) / 2
+  assert pooled_line("FedAsync").endswith(f"| {fedasync.p_value_per_column.item():.3f} | 6 | 0 / 6 | lower | -1.25 | "
+                                         "holds |")  # published: (−3 + 0.5) / 2
   assert "| 6 | 4 / 2 | within the noise | - | - |" in pooled_line("FedPSA (Ours)")  # +2, −3, +1 twice; no α=1.0 paper
   assert "mnist_5k f00 (18 members)" in markdown and "9.00 h of wall time" in markdown
 
