@@ -60,17 +60,19 @@ test-avx2: $(STAMP)
 # skipped), then their reports. Each sweep keeps its finished members' records (config, summary, metrics, events;
 # no checkpoints) in docs/results/<sweep>/ (--records), a sweep directory small enough to commit: the reports
 # are drawn from there, and on a fresh clone the sweeps start from them. DATA: a tfds data folder holding the
-# full MNIST prepared (README, "Data"); RESULTS: where the runs themselves (with checkpoints) go.
+# full MNIST prepared (README, "Data"); RESULTS: where the runs themselves (with checkpoints) go; EXECUTOR=ray:
+# members as Ray tasks, one per core at once (on a 2-core CPU, two members at a time).
 RESULTS ?= runs/results
+EXECUTOR ?= local
 DATA ?= $(HOME)/tensorflow_datasets
 RESULT_SWEEPS := table1_mnist_5k mnist_full fedpsa_parts
 results: $(STAMP)
-	$(PY) launch.py --mode=sweep --config=configs/results/table1_mnist_5k.py --workdir=$(RESULTS)/table1_mnist_5k \
-		--records=docs/results/table1_mnist_5k
-	$(PY) launch.py --mode=sweep --config=configs/results/mnist_full.py:data.data_dir=$(DATA) \
+	$(PY) launch.py --mode=sweep --executor=$(EXECUTOR) --config=configs/results/table1_mnist_5k.py \
+		--workdir=$(RESULTS)/table1_mnist_5k --records=docs/results/table1_mnist_5k
+	$(PY) launch.py --mode=sweep --executor=$(EXECUTOR) --config=configs/results/mnist_full.py:data.data_dir=$(DATA) \
 		--workdir=$(RESULTS)/mnist_full --records=docs/results/mnist_full
-	$(PY) launch.py --mode=sweep --config=configs/results/fedpsa_parts.py --workdir=$(RESULTS)/fedpsa_parts \
-		--records=docs/results/fedpsa_parts
+	$(PY) launch.py --mode=sweep --executor=$(EXECUTOR) --config=configs/results/fedpsa_parts.py \
+		--workdir=$(RESULTS)/fedpsa_parts --records=docs/results/fedpsa_parts
 	$(MAKE) results-report
 
 # The reports alone, from the records in docs/results/<sweep>/ into docs/results/<sweep>/report/ (of finished or

@@ -18,7 +18,8 @@ executors run each member with the same function, `run_member`, which skips a me
 summary.json says `completed` for this very run (`is_done`: the same run identity, `run_identity.run_identity`,
 and the same budget) and otherwise lets `Simulation` continue it from its own checkpoint (or start it):
 an interrupted sweep rerun with the same command redoes nothing finished, and a field added to another
-method's section since then reruns nothing.
+method's section since then reruns nothing. Both run every member's first seed before any second one
+(`run_order`): a sweep stopped partway has whole seeds to report.
 `SWEEP_DIR/sweep.json` holds the sweep config and the member list, which is all the report needs.
 With a records directory (`--records=DIR`), each finished member's record (`RECORD_FILES`: its config, summary,
 metrics and events, not its checkpoints) is also kept in DIR/runs/<member>, and a member whose record there is
@@ -151,6 +152,14 @@ def expand(sweep: ml_collections.ConfigDict) -> list[Member]:
         raise ConfigError(f"sweep {sweep.name!r}, member {name}: invalid config:\n  " + "\n  ".join(errors))
       members.append(Member(name, full_labels, overrides, config))
   return members
+
+
+def run_order(members: Sequence[Member]) -> list[Member]:
+  """The order a sweep runs its members in: every member's first seed before any second one (axis order within a
+  seed), so that a sweep stopped partway holds whole seeds of every member, a table with an interval over the
+  seeds done, rather than all seeds of the first members and nothing of the rest."""
+  position = {seed: i for i, seed in enumerate(dict.fromkeys(m.labels["seed"] for m in members))}
+  return sorted(members, key=lambda m: position[m.labels["seed"]])
 
 
 def member_dir(sweep_dir: str, member: Member | str) -> str:
@@ -325,7 +334,8 @@ def _failure(member: Member, err: BaseException) -> dict[str, Any]:
 
 def run_local(sweep: ml_collections.ConfigDict, sweep_dir: str, log: Callable[[str], None] = print,
               compilation_cache: str | None = None, records_dir: str | None = None) -> dict[str, dict]:
-  """Runs every member one after another in this process; {member name: summary}.
+  """Runs every member one after another in this process, seed by seed (`run_order`); {member name: summary},
+  in axis order.
 
   A member that raises an Exception is recorded as failed and the sweep goes on, except on a full disk (every
   member after it would fail alike): that stops the sweep with the member's OutputWriteError, as an
@@ -338,7 +348,7 @@ def run_local(sweep: ml_collections.ConfigDict, sweep_dir: str, log: Callable[[s
     write_sweep_json(sweep, members, sweep_dir)
     _open_records(sweep, members, sweep_dir, records_dir, log)
     results = {}
-    for i, m in enumerate(members):
+    for i, m in enumerate(run_order(members)):
       start = time.perf_counter()
       try:
         results[m.name] = run_member(io.config_json(m.config), member_dir(sweep_dir, m), compilation_cache)
@@ -348,7 +358,7 @@ def run_local(sweep: ml_collections.ConfigDict, sweep_dir: str, log: Callable[[s
       if records_dir:
         save_record(member_dir(sweep_dir, m), records_dir, m.name)
       log(f"[{i + 1}/{len(members)}] {m.name}: {_outcome(results[m.name])} ({time.perf_counter() - start:.1f} s)")
-  return results
+  return {m.name: results[m.name] for m in members}
 
 
 def _outcome(summary: dict[str, Any]) -> str:
@@ -361,7 +371,8 @@ def _outcome(summary: dict[str, Any]) -> str:
 def run_ray(sweep: ml_collections.ConfigDict, sweep_dir: str, address: str | None = None,
             num_cpus_per_member: float = 1.0, log: Callable[[str], None] = print,
             compilation_cache: str | None = None, records_dir: str | None = None) -> dict[str, dict]:
-  """Runs every member as a Ray task (`run_member` remotely); {member name: summary}.
+  """Runs every member as a Ray task (`run_member` remotely), submitted seed by seed (`run_order`); {member name:
+  summary}, in axis order.
 
   `address`: the cluster to join (`ray.init(address=...)`; 'auto' for the local node's cluster); None
   joins an already initialised Ray or starts a local instance. The sweep directory must be on storage
@@ -393,7 +404,7 @@ def _run_ray_members(ray: Any, sweep: ml_collections.ConfigDict, members: Sequen
   task = ray.remote(num_cpus=num_cpus_per_member)(run_member)
   sweep_dir = os.path.abspath(sweep_dir)
   cache = os.path.abspath(compilation_cache) if compilation_cache else None
-  refs = {task.remote(io.config_json(m.config), member_dir(sweep_dir, m), cache): m for m in members}
+  refs = {task.remote(io.config_json(m.config), member_dir(sweep_dir, m), cache): m for m in run_order(members)}
   results, pending = {}, list(refs)
   while pending:
     done, pending = ray.wait(pending, num_returns=1)

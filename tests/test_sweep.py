@@ -232,3 +232,20 @@ def test_records_is_refused_outside_the_sweep_mode():
       modes.run_mode(config_lib.base_config(), modes.Options("configs/default.py", mode=mode, records="r"))
   with pytest.raises(config_lib.ConfigError, match=r"^--records= is empty; allowed: a directory, or no --records$"):
     modes.run_mode(_tiny_sweep(), modes.Options("configs/default.py", mode="sweep", records=""))
+
+
+def test_a_sweep_runs_seed_by_seed_and_answers_in_axis_order(tmp_path, fake_runs):
+  """Every member's first seed runs before any second one (a sweep stopped halfway holds whole seeds of every
+  method); the summaries come back in the axis order of sweep.json, seeds innermost."""
+  config = _tiny_sweep(("fedbuff", "fedpsa"))
+  config.seeds = [7, 3]
+  ran = []
+  fake_runs.ran = ran
+  logged = []
+  results = sweep.run_local(config, str(tmp_path / "sweep"), log=logged.append)
+  assert ran == ["fedbuff", "fedpsa", "fedbuff", "fedpsa"]
+  assert [line.split(":")[0] for line in logged] == [
+      "[1/4] method=fedbuff,seed=7", "[2/4] method=fedpsa,seed=7", "[3/4] method=fedbuff,seed=3",
+      "[4/4] method=fedpsa,seed=3"]
+  assert list(results) == [m["name"] for m in sweep.read_sweep_json(str(tmp_path / "sweep"))["members"]] == [
+      "method=fedbuff,seed=7", "method=fedbuff,seed=3", "method=fedpsa,seed=7", "method=fedpsa,seed=3"]
