@@ -55,6 +55,7 @@ from fedpsa_jax.validation import INT64_MAX
 
 SWEEP_FILE = "sweep.json"
 RECORD_FILES = (io.CONFIG_FILE, io.SUMMARY_FILE, io.METRICS_FILE, io.EVENTS_FILE)  # what `is_done` and a report read
+FINISHED = ("completed", "diverged")  # the run statuses whose record is kept (`save_record`)
 LOCK_FILE = io.LOCK_FILE
 RUNS_DIR = "runs"
 EXECUTORS = ("local", "ray")
@@ -269,11 +270,12 @@ def check_records_dir(records_dir: str, sweep: ml_collections.ConfigDict, sweep_
 
 
 def save_record(run_dir: str, records_dir: str, name: str) -> bool:
-  """Copies a completed member's record (`RECORD_FILES`, not its checkpoints) from `run_dir` to
+  """Copies a finished member's record (`RECORD_FILES`, not its checkpoints) from `run_dir` to
   records_dir/runs/<name>, replacing an older copy by one rename (a half-written record is never seen).
-  False, copying nothing, when the member has not completed. OutputWriteError when it cannot be written."""
+  Finished: completed, or diverged (a result the report shows). False, copying nothing, for a member not
+  finished (running, interrupted, failed). OutputWriteError when it cannot be written."""
   summary = io.read_summary(run_dir)
-  if not summary or summary.get("status") != "completed":
+  if not summary or summary.get("status") not in FINISHED:
     return False
   target = member_dir(records_dir, name)
   fresh, stale = f"{target}.new", f"{target}.old"
@@ -303,6 +305,7 @@ def restore_records(records_dir: str, sweep_dir: str, members: Sequence[Member])
     if os.path.lexists(run_dir) or not os.path.isdir(record) or not is_done(io.config_json(m.config), record):
       continue
     try:
+      shutil.rmtree(f"{run_dir}.new", ignore_errors=True)  # (a copy an interrupted restore left)
       shutil.copytree(record, f"{run_dir}.new")
       os.replace(f"{run_dir}.new", run_dir)
     except OSError as err:

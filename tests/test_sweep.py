@@ -100,10 +100,11 @@ def test_a_full_disk_stops_the_sweep_instead_of_failing_every_member(tmp_path, m
 
 class _FakeSimulation:
   """Stands in for `runner.Simulation` under the real `sweep.run_member` (and so the real `is_done`): writes
-  the files a run leaves (config, summary, metrics, a checkpoint), 'failed' for the methods in `fail`."""
+  the files a run leaves (config, summary, metrics, a checkpoint), with the status `fail` gives a method (else
+  'completed')."""
 
   ran: list = []
-  fail: set = set()
+  fail: dict = {}
 
   def __init__(self, config, run_dir):
     self.config, self.run_dir = config, run_dir
@@ -117,7 +118,7 @@ class _FakeSimulation:
     io.write_json_atomic(os.path.join(self.run_dir, "config.json"), io.config_json(self.config))
     with open(os.path.join(self.run_dir, "metrics.jsonl"), "w") as f:
       f.write(json.dumps({"day": 0.005, "test_accuracy": 0.5, "method": self.config.method}) + "\n")
-    status = "failed" if self.config.method in self.fail else "completed"
+    status = self.fail.get(self.config.method, "completed")
     io.write_json_atomic(os.path.join(self.run_dir, "summary.json"), {"status": status, "method": self.config.method})
 
 
@@ -127,7 +128,7 @@ def fake_runs(monkeypatch):
 
   monkeypatch.setattr(runner, "Simulation", _FakeSimulation)
   monkeypatch.setattr(_FakeSimulation, "ran", [])
-  monkeypatch.setattr(_FakeSimulation, "fail", set())
+  monkeypatch.setattr(_FakeSimulation, "fail", {})
   return _FakeSimulation
 
 
@@ -141,7 +142,7 @@ def test_records_keep_the_finished_members_and_bring_them_to_a_fresh_machine(tmp
   """--records: each completed member's config, summary and metrics (not its checkpoints, not a failed run) are
   copied byte for byte; a fresh sweep directory with the same records runs only what is not recorded."""
   first, records = str(tmp_path / "first"), str(tmp_path / "records")
-  fake_runs.fail = {"fedasync"}
+  fake_runs.fail = {"fedasync": "failed"}
   results = sweep.run_local(_tiny_sweep(), first, log=lambda _: None, records_dir=records)
   assert fake_runs.ran == ["fedbuff", "fedasync", "fedpsa"]
   assert [r["status"] for r in results.values()] == ["completed", "failed", "completed"]
@@ -154,7 +155,7 @@ def test_records_keep_the_finished_members_and_bring_them_to_a_fresh_machine(tmp
   assert _files(records)["sweep.json"] == _files(first)["sweep.json"]
 
   fresh = str(tmp_path / "fresh")  # another machine: only the records came along
-  fake_runs.ran, fake_runs.fail = [], set()
+  fake_runs.ran, fake_runs.fail = [], {}
   logged = []
   results = sweep.run_local(_tiny_sweep(), fresh, log=logged.append, records_dir=records)
   assert fake_runs.ran == ["fedasync"]
@@ -175,9 +176,9 @@ def test_a_sweep_run_without_records_is_recorded_by_a_rerun_with_them(tmp_path, 
   assert sorted(os.listdir(os.path.join(records, "runs"))) == sorted(results)
 
 
-def test_a_record_is_replaced_whole_and_only_by_a_completed_run(tmp_path, fake_runs):
+def test_a_record_is_replaced_whole_and_only_by_a_finished_run(tmp_path, fake_runs):
   """A newer completed run replaces the whole record (no file of the old one stays, no half-copied folder from
-  an interrupted save is left); a run that is not completed copies nothing."""
+  an interrupted save is left); a run not finished (interrupted) copies nothing, a diverged one is kept."""
   run_dir, records = str(tmp_path / "run"), str(tmp_path / "records")
   member = sweep.expand(_tiny_sweep(("fedbuff",)))[0]
   old = os.path.join(records, "runs", member.name)
@@ -190,6 +191,10 @@ def test_a_record_is_replaced_whole_and_only_by_a_completed_run(tmp_path, fake_r
   assert sorted(os.listdir(os.path.join(records, "runs"))) == [member.name]
   assert sorted(os.listdir(old)) == ["config.json", "metrics.jsonl", "summary.json"]
   assert _files(old) == _files(run_dir)
+  for status, kept in (("interrupted", False), ("diverged", True)):  # a divergence is a result the report shows
+    _FakeSimulation.fail = {"fedbuff": status}
+    _FakeSimulation(member.config, str(tmp_path / status)).run()
+    assert sweep.save_record(str(tmp_path / status), str(tmp_path / status / "records"), member.name) is kept
 
 
 def test_records_of_another_budget_and_runs_already_started_are_left_alone(tmp_path, fake_runs):
@@ -202,7 +207,10 @@ def test_records_of_another_budget_and_runs_already_started_are_left_alone(tmp_p
   started = os.path.join(fresh, "runs", "method=fedbuff,seed=0")
   os.makedirs(os.path.join(started, "checkpoints"))
   members = sweep.expand(_tiny_sweep())
+  os.makedirs(os.path.join(fresh, "runs", "method=fedasync,seed=0.new", "half"))  # an interrupted restore's copy
   assert sweep.restore_records(records, fresh, members) == ["method=fedasync,seed=0", "method=fedpsa,seed=0"]
+  assert sorted(os.listdir(os.path.join(fresh, "runs", "method=fedasync,seed=0"))) == [
+      "config.json", "metrics.jsonl", "summary.json"]
   assert os.listdir(started) == ["checkpoints"]
   assert sweep.restore_records(records, str(tmp_path / "other"), sweep.expand(longer)) == []
 
