@@ -1,6 +1,6 @@
 """Sweeps (fedpsa_jax/sweep.py): the lock that keeps a second sweep off a busy sweep directory, the bounds on
-seeds and members, sweep.json's contract, and a full disk that stops a sweep (the whole sweeps run in
-tests/e2e/test_sweep_runs.py).
+seeds and members, sweep.json's contract, a full disk that stops a sweep, the records (--records) kept and
+restored, and the seed-by-seed order of both executors (the whole sweeps run in tests/e2e/test_sweep_runs.py).
 """
 
 from __future__ import annotations
@@ -257,3 +257,49 @@ def test_a_sweep_runs_seed_by_seed_and_answers_in_axis_order(tmp_path, fake_runs
       "[4/4] method=fedpsa,seed=3"]
   assert list(results) == [m["name"] for m in sweep.read_sweep_json(str(tmp_path / "sweep"))["members"]] == [
       "method=fedbuff,seed=7", "method=fedbuff,seed=3", "method=fedpsa,seed=7", "method=fedpsa,seed=3"]
+
+
+class _Ref:
+  """A finished task's object reference (hashable by identity, as Ray's are)."""
+
+  def __init__(self, value):
+    self.value = value
+
+
+class _FakeRay:
+  """The part of the `ray` module `sweep._run_ray_members` uses: tasks run at once, in submission order."""
+
+  def __init__(self):
+    self.submitted = []
+
+  def is_initialized(self):
+    return True
+
+  def remote(self, num_cpus):
+    def wrap(fn):
+      class Task:
+        @staticmethod
+        def remote(*args):
+          self.submitted.append(os.path.basename(args[1]))
+          return _Ref(fn(*args))
+      return Task
+    return wrap
+
+  def wait(self, pending, num_returns):
+    return pending[:num_returns], pending[num_returns:]
+
+  def get(self, ref):
+    return ref.value
+
+
+def test_the_ray_executor_submits_seed_by_seed_and_keeps_records(tmp_path, fake_runs):
+  config = _tiny_sweep(("fedbuff", "fedpsa"))
+  config.seeds = [0, 1]
+  ray, records = _FakeRay(), str(tmp_path / "records")
+  results = sweep._run_ray_members(ray, config, sweep.expand(config), str(tmp_path / "sweep"), None, 1.0,
+                                   lambda _: None, None, records)
+  assert ray.submitted == ["method=fedbuff,seed=0", "method=fedpsa,seed=0", "method=fedbuff,seed=1",
+                           "method=fedpsa,seed=1"]
+  assert list(results) == ["method=fedbuff,seed=0", "method=fedbuff,seed=1", "method=fedpsa,seed=0",
+                           "method=fedpsa,seed=1"]
+  assert sorted(os.listdir(os.path.join(records, "runs"))) == sorted(results)
