@@ -201,6 +201,7 @@ def test_run_report_and_figure_plugins(alignment_run, tmp_path, monkeypatch):
       f.write(json.dumps({"day": 0.0, "test_accuracy": 0.1}) + "\n" + json.dumps({"day": 0.01, "test_accuracy": 0.5}))
   report.build(sweep_dir)
   assert len(seen["run"]) == 10 and len(seen["group"]) == 1 and sorted(seen["group"][0]) == sorted(seen["run"])
+  assert not os.path.exists(os.path.join(sweep_dir, "report", "runs"))  # no plug-in drew: no empty folders
 
 
 def test_figures_package_loads_its_modules():

@@ -34,8 +34,8 @@ def modules() -> list[ModuleType]:
 
 
 def run_figures(run_dir: str, out_dir: str) -> list[str]:
-  """Every plug-in's figures of one run directory, written into `out_dir` (created); their paths."""
-  os.makedirs(out_dir, exist_ok=True)
+  """Every plug-in's figures of one run directory, written into `out_dir`; their paths. A plug-in that draws
+  creates `out_dir`, so a sweep report whose members have no figure of their own leaves no empty folder each."""
   written: list[str] = []
   for module in modules():
     if hasattr(module, "run_figures"):
