@@ -440,8 +440,8 @@ def _mean_curve(run_dirs: Sequence[str], y: str = "test_accuracy") -> tuple[np.n
 def curves_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], panels: Sequence[str],
                   lines: str, path: str) -> str | None:
   """Learning curves: one panel per combination of `panels`, one line per label of `lines` (mean over
-  seeds of test accuracy against virtual days, with a band of its 95% t-interval when there are several
-  seeds). None when no member has metrics."""
+  seeds of test accuracy against virtual days, with a band of its 95% t-interval, clipped to [0, 100], when
+  there are several seeds). None when no member has metrics."""
   plt = pyplot()
   done = completed(frame)
   if done.empty:
@@ -460,8 +460,9 @@ def curves_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, An
         days, mean, half = curve
         (line,) = ax.plot(days, 100 * mean, label=display_name(spec, label))
         if not np.isnan(half).all():  # several seeds: the band of the mean's 95% interval
-          ax.fill_between(days, 100 * (mean - half), 100 * (mean + half), color=line.get_color(), alpha=0.2,
-                          linewidth=0)
+          # Clipped to the range an accuracy can take, which a t-interval over a few seeds can reach past.
+          low, high = (np.clip(100 * (mean + sign * half), 0.0, 100.0) for sign in (-1, 1))
+          ax.fill_between(days, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_title(_key_text(spec, panels, key) or sweep.get("name", ""))
     ax.set_xlabel("virtual day")
     ax.set_ylabel("test accuracy (%)")

@@ -14,6 +14,7 @@ import types
 
 import jax
 import jax.numpy as jnp
+import matplotlib.axes
 import numpy as np
 import pandas as pd
 import pytest
@@ -621,6 +622,23 @@ def test_one_seed_says_so_and_curves_get_a_band_with_several(tmp_path):
   markdown = open(os.path.join(workdir, "report", "table.md")).read()
   assert "One seed per cell: no interval and no significance can be stated." in markdown
   assert "±" not in markdown and "▲" not in markdown and "▼" not in markdown
+
+
+@pytest.mark.slow
+def test_curve_bands_stay_within_what_an_accuracy_can_be(tmp_path, monkeypatch):
+  spread = {0: 0.1, 1: 0.55, 2: 0.99}  # three seeds this far apart: a t-interval reaching past 0 and 100
+  workdir = _reference_sweep(tmp_path, lambda m, a, s: spread[s] if m == "fedpsa" else 0.5 + 0.01 * s)
+  bands = []
+  monkeypatch.setattr(matplotlib.axes.Axes, "fill_between",
+                      lambda self, x, low, high, **kw: bands.append((np.asarray(low), np.asarray(high))))
+  report.build(workdir)
+  finals = 100 * np.array(list(spread.values()))
+  mean, half = finals.mean(), report_stats_half(finals)
+  assert mean - half < 0 and mean + half > 100  # the unclipped band would leave the axis' range
+  assert len(bands) == 6 and all(low.min() >= 0 and high.max() <= 100 for low, high in bands)
+  assert sum(low[1] == 0 and high[1] == 100 for low, high in bands) == 2  # FedPSA at both α, clipped both ways
+  fedbuff = 100 * np.array([0.5, 0.51, 0.52])  # unclipped where it fits: mean ± half, as before
+  assert any(low[1] == pytest.approx(fedbuff.mean() - report_stats_half(fedbuff)) for low, _ in bands)
 
 
 def report_stats_half(values: np.ndarray) -> float:
