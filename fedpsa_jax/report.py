@@ -39,7 +39,7 @@ from typing import Any
 
 import pandas as pd
 
-from fedpsa_jax import errors, figures, io
+from fedpsa_jax import contrasts, errors, figures, io
 from fedpsa_jax import report_lib, report_stats
 from fedpsa_jax import sweep as sweep_lib
 from fedpsa_jax.report_lib import ReportError, ReportKind, SweepReport
@@ -172,6 +172,7 @@ def sweep_report(sweep_dir: str, layout: dict[str, Any] | None = None) -> list[s
   title = f"# {sweep.get('name')}: {sweep.get('description', '')}\n"  # (the name says -smoke for a smoke run)
   if spec.get("rows") or spec.get("cols"):
     written += _tables(sweep, frame, spec, out, title)
+  written += contrasts.write(frame, sweep, out, title)  # the declared analysis (`analysis`), if any
   written += kinds[kind](SweepReport(sweep_dir, sweep, frame, spec, out, title))
   run_dirs = [d for d in frame["run_dir"] if os.path.exists(os.path.join(d, "metrics.jsonl"))]
   for d in run_dirs:

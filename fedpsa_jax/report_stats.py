@@ -124,6 +124,64 @@ def per_column_difference(differences: Mapping[Any, Sequence[float]]) -> PairedD
   return PairedDifference(Interval(estimate, float(t * se), n), p_value)
 
 
+def one_sample(values: Sequence[float]) -> PairedDifference:
+  """The mean of `values` (one per independent unit, e.g. a seed's contrast) with its t-interval and the two-sided
+  p of the one-sample t-test of mean 0 (`scipy.stats.ttest_1samp`); NaN p for fewer than two values, 0 when every
+  value is the same non-zero number (no noise at all)."""
+  v = np.asarray(values, float)
+  diff = interval(v)
+  p_value = math.nan
+  # (A spread at the level of float rounding is no spread: the t statistic would be rounding error.)
+  if len(v) >= 2 and np.ptp(v) > 1e-12 * max(1.0, float(np.abs(v).max())):
+    p_value = float(scipy.stats.ttest_1samp(v, 0.0).pvalue)
+  elif len(v) >= 2 and diff.mean != 0:
+    p_value = 0.0
+  return PairedDifference(diff, p_value)
+
+
+def seed_contrasts(values: Mapping[str, Mapping[Any, Mapping[int, float]]],
+                   weights: Mapping[str, float]) -> dict[int, float]:
+  """{seed: Σ_arm weights[arm] · (mean over blocks of values[arm][block][seed])}: a contrast of arms computed
+  within each seed, blocks (e.g. the α of a sweep) averaged first. Only seeds present in every block of every
+  weighted arm count (a partly finished seed is left out, not half-used)."""
+  arms = [a for a, w in weights.items() if w != 0]
+  blocks = sorted({b for a in arms for b in values.get(a, {})}, key=str)
+  seeds = None
+  for a in arms:
+    for b in blocks:
+      present = set(values.get(a, {}).get(b, {}))
+      seeds = present if seeds is None else seeds & present
+  return {s: float(sum(weights[a] * np.mean([values[a][b][s] for b in blocks]) for a in arms))
+          for s in sorted(seeds or ())}
+
+
+def seed_blocked(values: Mapping[str, Mapping[Any, Mapping[int, float]]],
+                 weights: Mapping[str, float]) -> PairedDifference:
+  """A contrast of arms with the seed as the unit of analysis: `seed_contrasts`, then `one_sample` over the seeds.
+
+  Members that share a seed share the data split, the partition, every client's latency and the initial model,
+  whatever their arm or block, so their results are not independent replicates: the seed is. For a difference
+  of two arms over one block this is the paired t-test; over several blocks it is the paired t-test of the
+  seeds' block means, which (balanced, every seed complete) is the test of the contrast in a mixed model with a
+  random seed effect and a random seed × contrast effect, with no normality assumed of the blocks."""
+  return one_sample(list(seed_contrasts(values, weights).values()))
+
+
+def power_paired_t(sd: float, n: int, effect: float, level: float = SIGNIFICANCE) -> float:
+  """The power of a two-sided one-sample (paired) t-test at `level` to detect a true mean `effect` with n units
+  whose values spread with standard deviation `sd`: P(|T| > t_crit) for T noncentral t on n − 1 degrees of freedom
+  with noncentrality effect √n / sd."""
+  dof, nc = n - 1, effect * math.sqrt(n) / sd
+  t_crit = scipy.stats.t.ppf(1 - level / 2, dof)
+  return float(scipy.stats.nct.sf(t_crit, dof, nc) + scipy.stats.nct.cdf(-t_crit, dof, nc))
+
+
+def sd_upper_bound(sd: float, n: int, confidence: float) -> float:
+  """The one-sided upper `confidence` bound on a normal standard deviation estimated as `sd` from n values:
+  sd · √((n − 1) / χ²_{1 − confidence, n − 1})."""
+  return float(sd * math.sqrt((n - 1) / scipy.stats.chi2.ppf(1 - confidence, n - 1)))
+
+
 def holm(p_values: Sequence[float]) -> np.ndarray:
   """Holm's step-down adjustment of a family of p-values (NaN ones, too few seeds, are left out of the family
   and stay NaN): sorted ascending, the j-th (from 1) becomes max over i ≤ j of min(1, (m − i + 1) p_(i)), m the
@@ -139,5 +197,6 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
   return adjusted
 
 
-__all__ = ["CONFIDENCE", "Interval", "PairedDifference", "SIGNIFICANCE", "holm", "interval", "paired_difference",
-           "per_column_difference", "pooled_difference"]
+__all__ = ["CONFIDENCE", "Interval", "PairedDifference", "SIGNIFICANCE", "holm", "interval", "one_sample",
+           "paired_difference", "per_column_difference", "pooled_difference", "power_paired_t", "sd_upper_bound",
+           "seed_blocked", "seed_contrasts"]

@@ -28,8 +28,8 @@ The analysis plan (`analysis`, below) is declared here, before any member runs:
   are a second family (4 contrasts × 2 α), also Holm-adjusted.
 - power: R1's FedPSA − FedBuff on this endpoint, seed-level (mean over α = 0.1, 1.0), has SD 0.40 points over its
   3 seeds; its one-sided 80% upper confidence bound is 0.85. With 8 seeds, a paired t-test at 5% has 80% power
-  for a one-point difference when the seed-level SD is 0.88 or less (power 1.0 at 0.40): at least 80% power, with
-  80% confidence in the SD. (`fedpsa_lab.report_stats.power_paired_t` computes these.)
+  for a one-point difference when the seed-level SD is 0.86 or less (0.81 at 0.85, 1.0 at 0.40): at least 80%
+  power, with 80% confidence in the SD. (`fedpsa_lab.report_stats.power_paired_t` computes these.)
 
 `launch.py --mode=sweep --config=configs/results/shape_step.py --workdir=DIR [--records=RECORDS]`, then
 `--mode=report --workdir=RECORDS --config=configs/results/shape_step.py`. `:seeds=K` changes the seed count;
