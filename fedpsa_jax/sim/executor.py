@@ -68,9 +68,8 @@ def resolve_execution(execution: str) -> str:
   """The backend `auto` stands for: `loop`, on every platform measured (docs/performance.md, "Why `auto` is `loop`").
 
   On a CPU vmapped conv training is much slower (grouped convolutions; dense models run about as fast either
-  way); on one H100 `loop` ran the paper's MNIST and CIFAR-10 members 2.5x and 1.6x faster than `vmap`, in less
-  device memory (benchmarks/gpu_backends.py). Several GPUs are not measured: `loop` spreads the jobs over every
-  device, and `sharded` is `vmap`'s program split over them.
+  way); on a GPU `loop` was faster than `vmap`, in less device memory (benchmarks/gpu_backends.py). Several GPUs
+  are not measured: `loop` spreads the jobs over every device, and `sharded` is `vmap`'s program split over them.
   """
   return "loop" if execution == "auto" else execution
 
