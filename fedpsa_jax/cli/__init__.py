@@ -9,7 +9,7 @@
 - `run_name`: run directory names, `<config>[-<arg>]-<YYYYmmdd-HHMMSS>`, and finding a run to resume;
 - `modes`: train, profile, sweep and report.
 
-Exit codes (docs/runs.md, README):
+Exit codes (docs/runs.md, the exit-code table):
 
 | code | meaning |
 |---|---|

@@ -1,4 +1,4 @@
-"""Whole runs on data the paper did not use (issue 34, item 2), each kind from a real fixture: a prepared tfds
+"""Whole runs on data the paper did not use (docs/runs.md, "Your own dataset"), each kind from a real fixture: a prepared tfds
 dataset tfds does not know by name (tests/fixtures/tensorflow_datasets/colour_digits/1.0.0: MNIST records made
 24x28 RGB, under other feature names), opened by its folder (`data.path`) and by its name under `data.data_dir`;
 and an .npz of one's own arrays (the MNIST fixture's images, saved by the test). From the command line, the

@@ -662,7 +662,7 @@ def test_count_sketch_projection_is_held_and_used_for_clients_and_server():
 
 
 def _old_path_sketch(strategy, params):
-  """The sketch as the code computed it before issue 33 (the reference kept here): the sensitivity (Eq. 8),
+  """An independent reference for the sketch, Eq. 11 as printed: the sensitivity (Eq. 8),
   then the whole R (`projection_matrix`, the same key) times ravel_pytree(s) in one product (Eq. 11)."""
   h, ctx = strategy.hparams, strategy.ctx
   R = sensitivity.projection_matrix(seeding.device_key(ctx.seed, "fedpsa/projection"), h.sketch_dim,
@@ -700,7 +700,7 @@ def _recorded_run(monkeypatch, old_path: bool) -> list[dict]:
 
 @pytest.mark.slow
 def test_kappas_sketches_and_weights_match_the_old_sketch_path(monkeypatch):
-  """On a fixed job, the per-leaf projection in one program (issue 33) gives the sketches, κ, weights and models
+  """On a fixed job, the per-leaf projection in one program (`sensitivity.sketch_of`) gives the sketches, κ, weights and models
   of the old path (`_old_path_sketch`) to float tolerance, round after round, through the softmax phase."""
   new, old = _recorded_run(monkeypatch, False), _recorded_run(monkeypatch, True)
   assert len(new) == len(old) >= 4 and any(not np.allclose(r["weights"], r["weights"][0]) for r in new)
