@@ -1,6 +1,6 @@
 """Entry point: `python launch.py --config=configs/default.py[:arg] [--config.field=value ...] [--mode=...]`.
 
-Modes (fedpsa_jax/cli/modes.py):
+Modes (fedpsa_jax/cli/modes.py; report: fedpsa_lab/modes.py):
   train (default)  one run into --workdir (default runs/<config>[-<arg>]-<time>); rerunning into the same
                    workdir, or --resume, continues it from its last complete checkpoint
   profile          compiled cost and time of each jitted piece: a table and WORKDIR/profile.json
@@ -11,7 +11,9 @@ Modes (fedpsa_jax/cli/modes.py):
 Every failure a user can cause ends in one message on stderr, no traceback, and its exit code
 (fedpsa_jax/cli/__init__.py): 2 bad input (a flag, a config file or value, the workdir, ...), nothing done;
 1 a diverged or failed run; 3 an output that could not be written (a full disk); 130 / 143 a run stopped
-by SIGINT / SIGTERM (status `interrupted`, resumable). This file holds the flags and one call into the package.
+by SIGINT / SIGTERM (status `interrupted`, resumable). This file holds the flags and one call into the
+simulator (`fedpsa_jax`), handing it the analysis package's modes (`fedpsa_lab`): the simulator never imports
+the analysis.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from fedpsa_jax import sweep as sweep_lib  # noqa: E402
 from fedpsa_jax.cli import flag_parsing, modes  # noqa: E402
+from fedpsa_lab import modes as lab_modes  # noqa: E402
 
 # Locked once built: `--config.field=value` may change a field but not add one (a typo is an error). No
 # default here: ml_collections would load a default config file while this module is imported, outside
@@ -35,7 +38,7 @@ from fedpsa_jax.cli import flag_parsing, modes  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, f"Run config file[:arg] (default: {flag_parsing.DEFAULT_CONFIG}).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config>-<time>).")
-_MODE = flags.DEFINE_enum("mode", "train", list(modes.MODES), "What to do with the config.")
+_MODE = flags.DEFINE_enum("mode", "train", [*modes.MODES, *lab_modes.MODES], "What to do with the config.")
 _EXECUTOR = flags.DEFINE_enum("executor", "local", list(sweep_lib.EXECUTORS),
                               "sweep: run members one after another here (local) or as Ray tasks (ray).")
 _COMPILATION_CACHE = flags.DEFINE_string(
@@ -75,7 +78,7 @@ def main(argv: list[str]) -> int:
       workdir=_WORKDIR.value, resume=_RESUME.value, executor=_EXECUTOR.value, ray_address=_RAY_ADDRESS.value,
       compilation_cache=_COMPILATION_CACHE.value, records=_RECORDS.value, profile_trace=_PROFILE_TRACE.value,
       profile_repeats=_PROFILE_REPEATS.value, verbose=_VERBOSE.value)
-  return modes.main(_CONFIG.value, options)
+  return modes.main(_CONFIG.value, options, lab_modes.MODES)
 
 
 if __name__ == "__main__":

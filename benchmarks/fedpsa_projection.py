@@ -91,7 +91,7 @@ def main(argv):
 
 def _mean_ci(values) -> str:
   """mean ± the 95% t-interval's half-width (`report_stats.interval`, as the results tables give it)."""
-  from fedpsa_jax import report_stats
+  from fedpsa_lab import report_stats
 
   result = report_stats.interval(values)
   return f"{result.mean:.3f} ± {result.half_width:.3f}"

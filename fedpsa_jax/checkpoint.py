@@ -43,7 +43,7 @@ import sys
 import time
 import traceback
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import flax
 import jax
@@ -154,13 +154,14 @@ class UnsafeCheckpoint(IncompatibleCheckpoint):
 # --- the records a checkpoint may name ------------------------------------------------------------------
 
 _RECORDS: dict[str, type] = {}
+_RECORD_SOURCES: list[Callable[[], Iterable[type]]] = []
 
 
 def _type_path(cls: type) -> str:
   return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _is_record(obj: Any) -> bool:
+def is_record(obj: Any) -> bool:
   """A dataclass or named-tuple class: built from its fields' values only."""
   return isinstance(obj, type) and (dataclasses.is_dataclass(obj)
                                     or (issubclass(obj, tuple) and hasattr(obj, "_fields")))
@@ -169,27 +170,30 @@ def _is_record(obj: Any) -> bool:
 def register_record(cls: type) -> type:
   """Allows checkpoints to hold instances of `cls` (a dataclass or named tuple); usable as a decorator.
   A registered strategy's own records need no call: they are allowed with the strategy."""
-  if not _is_record(cls):
+  if not is_record(cls):
     raise TypeError(f"{cls!r} is not a dataclass or named tuple; a checkpoint holds records only")
   _RECORDS[_type_path(cls)] = cls
   return cls
 
 
-def allowed_records() -> dict[str, type]:
-  """{'module:qualname': class} of every type a checkpoint may name: `register_record`'s, and the records
-  defined in the module of each registered strategy (and of the strategies it derives from), which
-  hold its state classes. Nothing is imported here: the strategies are the loaded ones."""
-  from fedpsa_jax import strategies  # (here: the strategies import JAX models; this module sits below them)
+def register_record_source(source: Callable[[], Iterable[type]]) -> Callable[[], Iterable[type]]:
+  """Adds `source() -> records` to the allow-list, called each time a checkpoint is read: how a registry
+  above this module (the strategies', `strategies.base.strategy_records`) allows the records of whatever it
+  holds then, without this module importing it. Usable as a decorator."""
+  _RECORD_SOURCES.append(source)
+  return source
 
+
+def allowed_records() -> dict[str, type]:
+  """{'module:qualname': class} of every type a checkpoint may name: `register_record`'s, and those of each
+  `register_record_source` (the records defined in the module of each registered strategy, and of the
+  strategies it derives from, which hold its state classes). Nothing is imported here."""
   allowed = dict(_RECORDS)
-  for strategy in strategies.registered().values():
-    for cls in strategy.__mro__:
-      module = sys.modules.get(cls.__module__)
-      if module is None or not issubclass(cls, strategies.Strategy) or cls is strategies.Strategy:
-        continue
-      for obj in vars(module).values():
-        if _is_record(obj) and obj.__module__ == module.__name__:
-          allowed[_type_path(obj)] = obj
+  for source in _RECORD_SOURCES:
+    for cls in source():
+      if not is_record(cls):
+        raise TypeError(f"{cls!r} is not a dataclass or named tuple; a checkpoint holds records only")
+      allowed[_type_path(cls)] = cls
   return allowed
 
 

@@ -10,7 +10,7 @@ A sweep config (`configs/paper/*.py`, `get_config(arg)`) is a ConfigDict with:
 - `exclude`: a list of `{axis_name: label}`; a member matching every item of one of them is left out
   (FedPAC on the linear model);
 - `seeds`: every member is repeated once per seed (the run field `seed`);
-- `report`: the layout `fedpsa_jax.report` draws (see there).
+- `report`: the layout `fedpsa_lab.report` draws (see there).
 
 Every member is a full run config that must pass `config.validate`, and has a stable directory name
 made of its labels, `method=fedpsa,dataset=cifar10,alpha=0.1,seed=0`, under `SWEEP_DIR/runs/`. Both

@@ -12,9 +12,9 @@ import ml_collections
 import numpy as np
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import paper
 from fedpsa_jax.models import TinyMLP
 from fedpsa_jax.strategies import Arrival
+from fedpsa_lab import paper
 from numerics import assert_close, f32_tolerance
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository

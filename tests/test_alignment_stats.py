@@ -1,4 +1,4 @@
-"""Fig. 6's uncertainty and its trend control (fedpsa_jax/figures/fedpsa.py): the circular block bootstrap,
+"""Fig. 6's uncertainty and its trend control (fedpsa_lab/figures/fedpsa.py): the circular block bootstrap,
 the within-run detrended correlation and the autocorrelations, each against an independent reference (a hand
 computation, the partial-correlation formula, one least-squares fit, Bartlett's variance of r)."""
 
@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import scipy.stats
 
-from fedpsa_jax.figures import fedpsa as fig
+from fedpsa_lab.figures import fedpsa as fig
 
 
 def _ar1(n: int, phi: float, rng: np.random.Generator) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The buffer-weights summary of a sweep (fedpsa_jax/figures/buffer_weights.py), against hand computations."""
+"""The buffer-weights summary of a sweep (fedpsa_lab/figures/buffer_weights.py), against hand computations."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import pandas as pd
 import pytest
 
-from fedpsa_jax.figures import buffer_weights
+from fedpsa_lab.figures import buffer_weights
 
 
 def _run(root, name: str, method: str, records: list[dict], status: str = "completed") -> str:

@@ -11,7 +11,8 @@ import pytest
 import scipy.stats
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import contrasts, io, paper, report, report_stats, sweep
+from fedpsa_jax import io, sweep
+from fedpsa_lab import contrasts, paper, report, report_stats
 
 ARMS = ("fedbuff", "fedbuff_unit", "uniform_unit", "fedpsa")
 CONTRASTS = [["psa − buff", {"fedpsa": 1.0, "fedbuff": -1.0}],

@@ -88,8 +88,8 @@ def test_a_claim_is_refused_while_held_naming_the_holder_and_free_once_released(
 @pytest.mark.slow
 def test_io_sweep_and_report_import_without_jax():
   code = ("import sys\n"
-          "import fedpsa_jax.io, fedpsa_jax.sweep, fedpsa_jax.report, fedpsa_jax.paper, fedpsa_jax.config\n"
-          "import fedpsa_jax.figures.aifed, fedpsa_jax.figures.casa\n"
+          "import fedpsa_jax.io, fedpsa_jax.sweep, fedpsa_lab.report, fedpsa_lab.paper, fedpsa_jax.config\n"
+          "import fedpsa_lab.figures.aifed, fedpsa_lab.figures.casa\n"
           "bad = sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'fedpsa_jax.sim', "
           "'fedpsa_jax.strategies', 'fedpsa_jax.models')))\n"
           "print(bad)\n")

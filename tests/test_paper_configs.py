@@ -12,8 +12,9 @@ import os
 import pytest
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import api, paper, sweep
+from fedpsa_jax import api, sweep
 from fedpsa_jax.strategies import fedpsa as fedpsa_lib
+from fedpsa_lab import paper
 from helpers import _readings_ctx, DELTA, GAMMA, K_SKETCH, PARAMS_KEY0, ROOT
 
 

@@ -1,5 +1,5 @@
-"""Reports (fedpsa_jax/report.py): the paper-layout table from summaries, the report kinds (generic ones and
-the plug-ins'), single-run reports and the figure plug-ins; FedPSA's plug-in (fedpsa_jax/figures/fedpsa.py):
+"""Reports (fedpsa_lab/report.py): the paper-layout table from summaries, the report kinds (generic ones and
+the plug-ins'), single-run reports and the figure plug-ins; FedPSA's plug-in (fedpsa_lab/figures/fedpsa.py):
 the κ-alignment statistics against scipy.stats on the pairs a real FedPSA run logs (Eqs. 21-22) and the
 Fig. 5 overhead tables."""
 
@@ -21,12 +21,13 @@ import pytest
 import scipy.stats
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import api, figures, io, paper, report, report_lib, report_stats, sweep
-from fedpsa_jax.cli import modes as cli_modes
-from fedpsa_jax.figures import fedpsa as fedpsa_figures
+from fedpsa_jax import api, io, sweep
 from fedpsa_jax.models import get_model
 from fedpsa_jax.sim import runner
 from fedpsa_jax.strategies.fedpsa import make_alignment_fn
+from fedpsa_lab import figures, paper, report, report_lib, report_stats
+from fedpsa_lab import modes as lab_modes
+from fedpsa_lab.figures import fedpsa as fedpsa_figures
 
 from helpers import small_config
 from numerics import assert_close, f32_tolerance
@@ -308,8 +309,8 @@ def test_a_sweep_is_redrawn_with_the_layout_of_its_config_and_only_of_its_own(tm
   assert "| FedPSA (Ours) | 98.53 | **98.79** | **98.84** |" in table()  # paper.TABLE1_MNIST
   pd.testing.assert_frame_equal(pd.read_csv(os.path.join(workdir, "report", "table.csv")), ours)  # same results
   # Through the command line's mode: a sweep config is the layout; launch.py's default run config is not.
-  assert cli_modes.run_report(workdir, api_config("configs/default.py")) == 0 and "Published" not in table()
-  assert cli_modes.run_report(workdir, api_config(spec)) == 0 and "Published" in table()
+  assert lab_modes.run_report(workdir, api_config("configs/default.py")) == 0 and "Published" not in table()
+  assert lab_modes.run_report(workdir, api_config(spec)) == 0 and "Published" in table()
   with pytest.raises(report.ReportError, match="names sweep 'mnist-full' but .* holds sweep 'table1-mnist-5k'"):
     report.build(workdir, io.config_json(api_config("configs/results/mnist_full.py")))
   run_dir = sweep.member_dir(workdir, sweep.read_sweep_json(workdir)["members"][0]["name"])
@@ -399,7 +400,7 @@ def test_sweep_report_dispatches_to_a_plugin_kind(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_report_and_its_plugins_need_no_jax():
   code = ("import sys\n"
-          "import fedpsa_jax.report as report, fedpsa_jax.figures.fedpsa\n"
+          "import fedpsa_lab.report as report, fedpsa_lab.figures.fedpsa\n"
           "assert sorted(report.report_kinds()) == ['alignment', 'curves', 'heatmap', 'overhead', 'table']\n"
           "print(sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'fedpsa_jax.sim', "
           "'fedpsa_jax.strategies'))))\n")
@@ -413,9 +414,9 @@ def test_report_and_its_plugins_need_no_jax():
 def test_the_plugins_and_report_lib_do_not_import_the_report_driver():
   """Reports import one way: report_lib <- figures/ <- report, so a plug-in can never loop back into the driver."""
   code = ("import sys\n"
-          "import fedpsa_jax.report_lib, fedpsa_jax.figures as figures\n"
+          "import fedpsa_lab.report_lib, fedpsa_lab.figures as figures\n"
           "figures.modules()\n"
-          "print('fedpsa_jax.report' in sys.modules)\n")
+          "print('fedpsa_lab.report' in sys.modules)\n")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr
@@ -426,7 +427,7 @@ def test_the_plugins_and_report_lib_do_not_import_the_report_driver():
 
 
 def test_interval_and_paired_difference_agree_with_scipy():
-  from fedpsa_jax import report_stats
+  from fedpsa_lab import report_stats
 
   values = np.array([91.0, 93.5, 92.25, 95.0])
   got = report_stats.interval(values)
@@ -445,7 +446,7 @@ def test_interval_and_paired_difference_agree_with_scipy():
 
 
 def test_pooled_difference_is_one_least_squares_fit_with_a_column_offset():
-  from fedpsa_jax import report_stats
+  from fedpsa_lab import report_stats
 
   # Reference: Δ_cs = β_c + ε regressed on column indicators (np.linalg.lstsq); the estimate is the mean of the
   # β_c, its variance a'(X'X)^-1 a · RSS / (N − C) with a = 1/C each, and p from Student's t on N − C.
@@ -468,7 +469,7 @@ def test_pooled_difference_is_one_least_squares_fit_with_a_column_offset():
 
 
 def test_per_column_difference_is_welchs_test_and_the_pooled_one_under_equal_spreads():
-  from fedpsa_jax import report_stats
+  from fedpsa_lab import report_stats
 
   # Two columns: the mean of their means is 0 exactly when mean(a) − mean(−b) is, Welch's two-sample test
   # (scipy) of a against b negated, with the same standard error (halved) and Satterthwaite's degrees of freedom.
@@ -492,7 +493,7 @@ def test_per_column_difference_is_welchs_test_and_the_pooled_one_under_equal_spr
 
 
 def test_holm_agrees_with_a_hand_computation_and_with_the_step_down_rule():
-  from fedpsa_jax import report_stats
+  from fedpsa_lab import report_stats
 
   # Sorted: 0.005 × 4 = 0.02, 0.01 × 3 = 0.03, 0.03 × 2 = 0.06, 0.04 × 1 = 0.04, raised to the running max 0.06.
   got = report_stats.holm([0.01, 0.04, math.nan, 0.03, 0.005])
@@ -668,10 +669,9 @@ def _report_as_launch(workdir: str) -> tuple[int, list[str]]:
   import io as std_io
 
   from fedpsa_jax import cli
-  from fedpsa_jax.cli import modes
 
   stderr = std_io.StringIO()
-  return cli.exit_code_of(lambda: modes.run_report(workdir), stderr=stderr), stderr.getvalue().splitlines()
+  return cli.exit_code_of(lambda: lab_modes.run_report(workdir), stderr=stderr), stderr.getvalue().splitlines()
 
 
 def _foreign_sweep(tmp_path) -> str:

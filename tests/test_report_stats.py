@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from fedpsa_jax import report_stats
+from fedpsa_lab import report_stats
 
 
 def test_one_sample_is_scipys_t_test_and_interval():

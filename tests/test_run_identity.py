@@ -23,10 +23,11 @@ import ml_collections
 import pytest
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import io, paper, run_identity, strategies, sweep
+from fedpsa_jax import io, run_identity, strategies, sweep
 from fedpsa_jax.cli import run_name
 from fedpsa_jax.cli.run_name import RunName
 from fedpsa_jax.sim import runner
+from fedpsa_lab import paper
 from helpers import small_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,10 +11,11 @@ import os
 import numpy as np
 import pytest
 
-from fedpsa_jax import api, choices, paper, sweep
+from fedpsa_jax import api, choices, sweep
 from fedpsa_jax import config as config_lib
 from fedpsa_jax.validation import (MISSING, boolean, error, field_errors, get_field, integer, number, one_of,
                                    sequence_of)
+from fedpsa_lab import paper
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_CONFIGS = ["configs/default.py", "configs/casa.py", "configs/aifed.py", "configs/paper/experiment.py"]

@@ -1,14 +1,14 @@
 """Fig. 3: test accuracy against virtual days on CIFAR-10 / CIFAR-100, one line per method.
 
 The members are Table 2's (same runs, same directory names); the report draws one panel per dataset
-and α. `smoke`: embedded-data stand-ins (fedpsa_jax/paper.py).
+and α. `smoke`: embedded-data stand-ins (fedpsa_lab/paper.py).
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax import paper
+from fedpsa_lab import paper
 
 DATASETS = ("cifar10", "cifar100")
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax import paper, sweep
+from fedpsa_jax import sweep
+from fedpsa_lab import paper
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -7,14 +7,14 @@ update `upload_bytes_per_update`, `download_bytes_per_update`): bars for compute
 communication, one panel per dataset. Compute seconds are wall-clock on the machine that ran the member,
 so compare members run on the same hardware; they are measured because `runtime.phase_timing` is on (the
 host waits for the devices at every event, so these runs are slower than untimed ones). `smoke`:
-embedded-data stand-ins (fedpsa_jax/paper.py).
+embedded-data stand-ins (fedpsa_lab/paper.py).
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax import paper
+from fedpsa_lab import paper
 
 DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100")
 

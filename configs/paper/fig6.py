@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax import paper
+from fedpsa_lab import paper
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

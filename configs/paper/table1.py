@@ -2,14 +2,14 @@
 
 `launch.py --mode=sweep --config=configs/paper/table1.py[:smoke][,seeds=K] --workdir=DIR`, then
 `launch.py --mode=report --workdir=DIR`. 39 members: FedPAC is absent on FMNIST's linear model, as in the
-paper. `smoke`: the embedded MNIST subset stands in for both datasets (fedpsa_jax/paper.py).
+paper. `smoke`: the embedded MNIST subset stands in for both datasets (fedpsa_lab/paper.py).
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax import paper
+from fedpsa_lab import paper
 
 DATASETS = ("mnist", "fashion_mnist")
 

@@ -2,14 +2,14 @@
 
 The same grid as Table 1 on the CIFAR datasets (42 members); Table 3 (AULC) and Fig. 3 (learning
 curves) are drawn from the very same runs, so their sweeps may share this sweep's directory.
-`smoke`: the embedded MNIST subset stands in for both datasets (fedpsa_jax/paper.py).
+`smoke`: the embedded MNIST subset stands in for both datasets (fedpsa_lab/paper.py).
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax import paper
+from fedpsa_lab import paper
 
 DATASETS = ("cifar10", "cifar100")
 

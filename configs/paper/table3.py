@@ -1,14 +1,14 @@
 """Table 3: AULC (accuracy-days over 10 virtual days) on CIFAR-10 / CIFAR-100, with the row average.
 
 The members are Table 2's (same runs, same directory names): run this sweep into Table 2's directory to
-reuse them, or into its own. `smoke`: embedded-data stand-ins (fedpsa_jax/paper.py).
+reuse them, or into its own. `smoke`: embedded-data stand-ins (fedpsa_lab/paper.py).
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax import paper
+from fedpsa_lab import paper
 
 DATASETS = ("cifar10", "cifar100")
 

@@ -3,14 +3,15 @@
 Response times uniform or long-tail (bounded Pareto, docs/simulation.md) on [10, 500], [20, 1000], [50, 2500]:
 18 members. The paper does not give α for this table; α = 1.0 is assumed (its FedPSA 10-500 uniform
 number, 30.23, matches Table 2's CIFAR-100 α = 1.0 column, 30.45, far better than α = 0.1's 26.70).
-`smoke`: embedded-data stand-in (fedpsa_jax/paper.py).
+`smoke`: embedded-data stand-in (fedpsa_lab/paper.py).
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax import paper, sweep
+from fedpsa_jax import sweep
+from fedpsa_lab import paper
 
 RANGES = ((10, 500), (20, 1000), (50, 2500))
 

@@ -1,14 +1,15 @@
 """Table 5: FedPSA's calibration batch D_b, real data vs Gaussian × sizes 16/32/128/512, CIFAR-10, α 0.1 and 1.0.
 
 16 members; the report adds the paper's signed difference column (real − Gaussian).
-`smoke`: embedded-data stand-in (fedpsa_jax/paper.py).
+`smoke`: embedded-data stand-in (fedpsa_lab/paper.py).
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax import paper, sweep
+from fedpsa_jax import sweep
+from fedpsa_lab import paper
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -1,7 +1,7 @@
 """Table 6: FedPSA's ablations (w/o T, w/o S, w/o T&S, full) × concurrency p ∈ {0.1, 0.2, 0.3} × α ∈ {1.0, 0.1}.
 
 CIFAR-10 (the paper's full-model numbers at p = 0.2 match its Table 2 CIFAR-10 column): 24 members.
-`smoke`: embedded-data stand-in (fedpsa_jax/paper.py).
+`smoke`: embedded-data stand-in (fedpsa_lab/paper.py).
 
 The readings of the ablations (fedpsa_jax/strategies/fedpsa.py says why): "w/o T" fixes Temp at γ + δ = 5.5,
 a nearly uniform softmax; "w/o S" sketches the raw parameters, whose κ ≈ 1 for every client, so it is nearly
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax import paper, sweep
+from fedpsa_jax import sweep
+from fedpsa_lab import paper
 
 # (label, fedpsa.no_temperature, fedpsa.no_sensitivity), in the paper's row order.
 VARIANTS = (("no_t", True, False), ("no_s", False, True), ("no_ts", True, True), ("full", False, False))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax import paper
+from fedpsa_lab import paper
 
 SEEDS = 3  # as R1
 UNIFORM_TEMPERATURE = 1e9  # κ ∈ [-1, 1]: κ / Temp within 1e-9 of 0, below float32's resolution at 1

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax import paper
+from fedpsa_lab import paper
 
 SEEDS = 5
 VIRTUAL_DAYS = 1.0

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax import paper
+from fedpsa_lab import paper
 
 SEEDS = 8  # the power computation above
 ALPHAS = (0.1, 1.0)  # the most and the least heterogeneous of R1's columns

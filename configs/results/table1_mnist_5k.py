@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from fedpsa_jax import paper
+from fedpsa_lab import paper
 
 PUBLISHED = "FedPSA paper, Table 1 (MNIST, 10 virtual days, full MNIST)"
 SEEDS = 3  # the minimum for an interval over seeds

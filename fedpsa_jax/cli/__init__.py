@@ -7,7 +7,7 @@
 - `host_devices`: the `--host_devices` count, set in XLA_FLAGS before JAX is imported (stdlib only);
 - `flag_parsing`: absl's flags parser that turns every bad flag or config file into one line;
 - `run_name`: run directory names, `<config>[-<arg>]-<YYYYmmdd-HHMMSS>`, and finding a run to resume;
-- `modes`: train, profile, sweep and report.
+- `modes`: train, profile and sweep (launch.py adds the analysis package's report, `fedpsa_lab.modes`).
 
 Exit codes (docs/runs.md, the exit-code table):
 
@@ -38,7 +38,10 @@ EXIT_FAILED = 1  # a run that diverged or failed; a failed sweep member
 EXIT_BAD_INPUT = 2
 EXIT_CANNOT_WRITE = 3
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # fedpsa_jax/
-_LAUNCH = os.path.join(os.path.dirname(_PACKAGE_DIR.rstrip(os.sep)), "launch.py")
+_REPOSITORY = os.path.dirname(_PACKAGE_DIR.rstrip(os.sep))
+_LAUNCH = os.path.join(_REPOSITORY, "launch.py")
+# The project's code, not a user's: this package and the analysis package beside it (a path, not an import).
+_PROJECT_DIRS = (_PACKAGE_DIR, os.path.join(_REPOSITORY, "fedpsa_lab") + os.sep)
 
 
 def exit_code_for_signal(signum: int) -> int:
@@ -92,7 +95,7 @@ def _user_frame(err: BaseException) -> str:
   frames = traceback.extract_tb(err.__traceback__) if err.__traceback__ is not None else []
   for frame in reversed(frames):
     path = os.path.abspath(frame.filename)
-    if not ("site-packages" in path or path.startswith(_PACKAGE_DIR) or path == _LAUNCH
+    if not ("site-packages" in path or path.startswith(_PROJECT_DIRS) or path == _LAUNCH
             or frame.filename.startswith("<") or path.startswith(sys.prefix)):
       return f"{frame.filename}, line {frame.lineno}"
   return ""

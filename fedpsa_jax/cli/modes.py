@@ -17,8 +17,8 @@ the cluster at `ray_address` (None: a local Ray instance). `records`: a director
 member's record (no checkpoints) and restores it on a fresh machine (fedpsa_jax/sweep.py). Exit code 1 if a
 member failed.
 
-report: the workdir is a sweep directory (the table in the paper's layout as markdown and CSV, and the
-figures, in WORKDIR/report) or a single run directory (its learning curve and figures, in WORKDIR/report).
+Modes beyond these come from the caller: launch.py passes the analysis package's (`fedpsa_lab.modes`:
+report), which this package does not import (docs/architecture.md, "Two packages").
 
 Bad input raises a `errors.UserError`; `main` turns it, and every other failure a user can cause, into one
 line on stderr and its exit code (`fedpsa_jax.cli`).
@@ -29,17 +29,19 @@ from __future__ import annotations
 import dataclasses
 import logging as std_logging
 import os
+from types import MappingProxyType
+from typing import Callable, Mapping
 
 import ml_collections
 from absl import logging
 
-from fedpsa_jax import cli, errors, io, profiling, signals
+from fedpsa_jax import cli, io, profiling, signals
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import sweep as sweep_lib
 from fedpsa_jax.cli import run_name
 from fedpsa_jax.sim import runner
 
-MODES = ("train", "profile", "sweep", "report")
+MODES = ("train", "profile", "sweep")  # the simulator's own; a caller may add more (`run_mode`'s `more_modes`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +59,10 @@ class Options:
   profile_trace: bool = False
   profile_repeats: int = 5
   verbose: bool = False  # `--verbose`: the libraries' info log lines (absl, JAX, tfds) on the console too
+
+
+Mode = Callable[[ml_collections.ConfigDict, Options], int]  # a mode a caller adds: (config, flags) -> exit code
+NO_MORE_MODES: Mapping[str, Mode] = MappingProxyType({})
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, resume: bool) -> int:
@@ -105,26 +111,9 @@ def run_sweep(config: ml_collections.ConfigDict, options: Options) -> int:
   return cli.EXIT_FAILED if failed else cli.EXIT_OK
 
 
-def run_report(workdir: str | None, config: ml_collections.ConfigDict | None = None) -> int:
-  """The report mode: tables and figures of a sweep or a run directory into WORKDIR/report. With a sweep
-  `config` (`--config=SWEEP_CONFIG`), its report section is the layout (`report.with_layout`); any other
-  config (launch.py's default) is not used."""
-  from fedpsa_jax import report  # matplotlib only when a report is drawn
-
-  if not workdir:
-    raise config_lib.ConfigError("--workdir is required for --mode=report; allowed: a sweep directory (with "
-                                 "sweep.json) or a run directory (with metrics.jsonl)")
-  layout = io.config_json(config) if config is not None and sweep_lib.is_sweep_config(config) else None
-  try:
-    written = report.build(workdir, layout)
-  except report.ReportError as err:  # (report.py's own error type: bad input as well)
-    raise errors.UserError(str(err)) from None
-  print("\n".join(["report written:", *written]))
-  return cli.EXIT_OK
-
-
-def run_mode(config: ml_collections.ConfigDict, options: Options) -> int:
-  """The mode `options` asks for; bad input raises a UserError (see `main`)."""
+def run_mode(config: ml_collections.ConfigDict, options: Options, more_modes: Mapping[str, Mode] = NO_MORE_MODES) -> int:
+  """The mode `options` asks for, one of `MODES` or of `more_modes` (launch.py's: the lab's report); bad input
+  raises a UserError (see `main`)."""
   if options.workdir == "":  # (given, but empty: not the same as no --workdir)
     raise config_lib.ConfigError("--workdir= is empty; allowed: a directory (without --workdir, the mode's "
                                  "default: a new runs/<config>-<time> for a run)")
@@ -133,8 +122,10 @@ def run_mode(config: ml_collections.ConfigDict, options: Options) -> int:
                                  "--mode=sweep --records=DIR, or no --records")
   if options.records == "":
     raise config_lib.ConfigError("--records= is empty; allowed: a directory, or no --records")
-  if options.mode == "report":
-    return run_report(options.workdir, config)
+  if options.mode in more_modes:
+    return more_modes[options.mode](config, options)
+  if options.mode not in MODES:
+    raise config_lib.ConfigError(f"--mode={options.mode} is invalid; allowed: {', '.join([*MODES, *more_modes])}")
   if options.mode == "sweep":
     return run_sweep(config, options)
   if sweep_lib.is_sweep_config(config):
@@ -151,14 +142,14 @@ def run_mode(config: ml_collections.ConfigDict, options: Options) -> int:
   return train(config, workdir, options.resume)
 
 
-def main(config: ml_collections.ConfigDict, options: Options) -> int:
+def main(config: ml_collections.ConfigDict, options: Options, more_modes: Mapping[str, Mode] = NO_MORE_MODES) -> int:
   """Runs the mode with SIGINT / SIGTERM handled (one line, status `interrupted`, exit 130 / 143; more signals
   while it stops or exits change neither): the process's exit code. Installs signal handlers, so call it from
   a command line, not a notebook."""
   signals.handle_signals()
   if not options.verbose:
     quiet_library_logs()
-  code = cli.exit_code_of(lambda: run_mode(config, options))
+  code = cli.exit_code_of(lambda: run_mode(config, options, more_modes))
   signals.exit_on_signal(code)
   return code
 

@@ -233,7 +233,7 @@ def federation_errors(c: ml_collections.ConfigDict, largest_client: int) -> list
 
 def _label_group_errors(c: ml_collections.ConfigDict, sizes: DataSizes, where: str) -> list[str]:
   """Each `label_groups` group must have at least as many samples (of its labels) as clients."""
-  from fedpsa_jax.data.partition import split_counts  # (NumPy; only for this partition)
+  from fedpsa_jax.apportion import split_counts  # (NumPy, imported only for this partition)
 
   present = [count for count in sizes.train_per_class if count > 0]
   props = tuple(c.partition.group_proportions)[:min(c.partition.num_clients, len(present))]

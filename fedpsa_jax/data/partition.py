@@ -24,6 +24,7 @@ import dataclasses
 
 import numpy as np
 
+from fedpsa_jax.apportion import split_counts
 from fedpsa_jax.choices import PARTITIONERS  # partition.method
 DEFAULT_GROUP_PROPORTIONS = (0.2, 0.2, 0.3, 0.3)  # CASA's Appendix A.2.4
 
@@ -165,22 +166,6 @@ class LabelGroups:
   parts: list[np.ndarray]  # one index array per client
   client_group: np.ndarray  # [N] the group of each client
   group_labels: list[np.ndarray]  # the label values of each group (disjoint)
-
-
-def split_counts(total: int, proportions: tuple[float, ...] | np.ndarray) -> np.ndarray:
-  """`total` split into integer counts in the given proportions (largest remainders), each >= 1."""
-  p = np.asarray(proportions, dtype=np.float64)
-  p = p / p.sum()
-  if total < len(p):
-    raise ValueError(f"cannot split {total} items into {len(p)} non-empty groups")
-  raw = p * total
-  counts = np.floor(raw).astype(np.int64)
-  for g in np.argsort(-(raw - counts), kind="stable")[: total - counts.sum()]:
-    counts[g] += 1
-  while counts.min() == 0:  # a tiny proportion still gets one item, taken from the largest group
-    counts[np.argmax(counts)] -= 1
-    counts[np.argmin(counts)] += 1
-  return counts
 
 
 def label_groups(labels: np.ndarray, num_clients: int, group_proportions: tuple[float, ...], alpha: float,

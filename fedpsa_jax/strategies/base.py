@@ -34,12 +34,14 @@ Pytree arithmetic shared by the methods is in `fedpsa_jax.tree_util`; buffer val
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Callable, ClassVar, Sequence
 
 import jax
 import ml_collections
 import numpy as np
 
+from fedpsa_jax import checkpoint
 from fedpsa_jax.local import LocalLoss, Regularizer
 from fedpsa_jax.tree_util import tree_bytes
 
@@ -201,3 +203,18 @@ def get_strategy(name: str) -> type[Strategy]:
   if name not in _REGISTRY:
     raise ValueError(f"method={name!r} is not a known method; allowed: {sorted(_REGISTRY)}")
   return _REGISTRY[name]
+
+
+@checkpoint.register_record_source
+def strategy_records() -> list[type]:
+  """The records (dataclasses, named tuples) defined in the module of each registered strategy and of the
+  strategies it derives from: its state classes, which its checkpoints hold (`checkpoint.allowed_records`
+  calls this each time a checkpoint is read, so a strategy registered later counts too)."""
+  out = []
+  for strategy in _REGISTRY.values():
+    for cls in strategy.__mro__:
+      module = sys.modules.get(cls.__module__)
+      if module is None or not issubclass(cls, Strategy) or cls is Strategy:
+        continue
+      out += [obj for obj in vars(module).values() if checkpoint.is_record(obj) and obj.__module__ == module.__name__]
+  return out

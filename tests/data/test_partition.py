@@ -11,7 +11,8 @@ import pytest
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax.data import partition
-from fedpsa_jax.data.partition import label_groups, partition_labels, split_counts
+from fedpsa_jax.apportion import split_counts
+from fedpsa_jax.data.partition import label_groups, partition_labels
 
 
 METHODS = partition.PARTITIONERS

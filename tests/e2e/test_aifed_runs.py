@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from fedpsa_jax import io
-from fedpsa_jax.figures import aifed as aifed_figures
 from fedpsa_jax.sim import runner
+from fedpsa_lab.figures import aifed as aifed_figures
 from helpers import small_config
 
 

@@ -97,7 +97,7 @@ def test_casa_resumes_exactly_from_a_checkpoint_after_splits(tmp_path):
 
 
 def test_cluster_figure_for_casa_runs_only(planted_runs, tmp_path):
-  from fedpsa_jax.figures import casa as casa_figures
+  from fedpsa_lab.figures import casa as casa_figures
   assert casa_figures.run_figures(planted_runs["fedbuff"][3], str(tmp_path)) == []
   records = planted_runs["casa"][1]
   days, clusters = casa_figures.cluster_matrix(records)

@@ -18,10 +18,11 @@ import pytest
 import tensorflow_datasets as tfds
 
 import fedpsa_jax as fj
-from fedpsa_jax import choices, io, paper, strategies, sweep
+from fedpsa_jax import choices, io, strategies, sweep
 from fedpsa_jax import config as config_lib
 from fedpsa_jax.data import cache, fingerprint
 from fedpsa_jax.sim import runner
+from fedpsa_lab import paper
 from helpers import ROOT, small_config
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "tensorflow_datasets")

@@ -14,8 +14,9 @@ import sys
 import pandas as pd
 import pytest
 
-from fedpsa_jax import io, paper, sweep
+from fedpsa_jax import io, sweep
 from fedpsa_jax.sim import runner
+from fedpsa_lab import paper
 from helpers import _tiny_sweep, ROOT
 
 
@@ -114,7 +115,7 @@ def test_interrupted_sweep_resumes_without_redoing_finished_members(tmp_path, mo
 def test_a_report_from_the_records_alone_is_the_report_of_the_sweep(tmp_path):
   """--records on real runs: the records directory (no checkpoints) draws the same table as the sweep directory,
   and a fresh sweep directory given those records runs nothing."""
-  from fedpsa_jax import report
+  from fedpsa_lab import report
 
   workdir, records = str(tmp_path / "sweep"), str(tmp_path / "records")
   config = _tiny_sweep(("fedbuff", "fedpsa"))

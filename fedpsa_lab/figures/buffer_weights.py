@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fedpsa_jax import io, report_lib
+from fedpsa_jax import io
+from fedpsa_lab import report_lib
 
 COLUMNS = (("flushes", "flushes logged", 0), ("step", "Σw", 3), ("heaviest", "heaviest B·w/Σw", 3),
            ("lightest", "lightest B·w/Σw", 3), ("temperature_min", "Temp min", 2), ("temperature_max", "Temp max", 2),

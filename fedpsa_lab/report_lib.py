@@ -1,6 +1,6 @@
 """The pieces a report is made of: the member table's helpers, the paper-layout table, figures, file writers.
 
-Both the report driver (`fedpsa_jax.report`) and the figure plug-ins (`fedpsa_jax.figures`) draw with these,
+Both the report driver (`fedpsa_lab.report`) and the figure plug-ins (`fedpsa_lab.figures`) draw with these,
 so they live below both: the plug-ins import this module, the driver imports the plug-ins and this module,
 and nothing here imports either. A report reads run directories only, so no JAX is imported.
 
@@ -20,7 +20,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from fedpsa_jax import io, report_stats
+from fedpsa_jax import io
+from fedpsa_lab import report_stats
 
 MISSING = "-"  # a cell the sweep leaves out (FedPAC on the linear model), as the paper prints it
 NOT_RUN = "n/a"  # a cell whose member has no completed run yet

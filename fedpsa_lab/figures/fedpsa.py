@@ -1,6 +1,6 @@
 """FedPSA's report kinds: the paper's Fig. 5 (overheads) and Fig. 6 (κ against gradient alignment).
 
-Two sweep layouts, registered through `REPORT_KINDS` (fedpsa_jax/figures/__init__.py) and chosen by a
+Two sweep layouts, registered through `REPORT_KINDS` (fedpsa_lab/figures/__init__.py) and chosen by a
 sweep config's `report.kind`:
 - `overhead` (configs/paper/fig5.py): `overhead.md` / `overhead.csv`, one table per accounting field of
   the members' summary.json (`OVERHEAD_METRICS`), and `overhead.png`: per dataset panel, bars of client and
@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 import scipy.stats
 
-from fedpsa_jax import io, report_lib, report_stats
+from fedpsa_jax import io
+from fedpsa_lab import report_lib, report_stats
 
 # (summary field, scale, name) of each Fig. 5 table; bytes_communicated is added to the members by report.py.
 OVERHEAD_METRICS = (("client_compute_seconds", 1.0, "client compute (s)"),

@@ -8,12 +8,12 @@ A module defines any of
 - `REPORT_KINDS = {kind: fn}`: sweep report layouts beyond report.py's generic 'table', 'curves' and
   'heatmap', chosen by a sweep config's `report.kind`; `fn(r: report_lib.SweepReport) -> list[str]` writes
   into `r.out` (FedPSA's Fig. 5 'overhead' and Fig. 6 'alignment', figures/fedpsa.py).
-`fedpsa_jax.report` calls `run_figures` below for each run and `group_figures` for the whole sweep; they
+`fedpsa_lab.report` calls `run_figures` below for each run and `group_figures` for the whole sweep; they
 call the function of that name in every module that defines it (in module-name order) and return the
 paths written. A module that has nothing to draw for a run (not its method) returns []. `report_kinds`
 gathers the modules' kinds for `report.report_kinds`. The modules read run directories only, so that
-reports need no JAX. They draw with `fedpsa_jax.report_lib` (tables, `pyplot`, `save_figure`), never with
-`fedpsa_jax.report`, which imports this package.
+reports need no JAX. They draw with `fedpsa_lab.report_lib` (tables, `pyplot`, `save_figure`), never with
+`fedpsa_lab.report`, which imports this package.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pkgutil
 from types import ModuleType
 from typing import Sequence
 
-from fedpsa_jax.report_lib import ReportKind
+from fedpsa_lab.report_lib import ReportKind
 
 
 def modules() -> list[ModuleType]:

@@ -137,7 +137,7 @@ def sweep_config(name: str, description: str, base: ml_collections.ConfigDict, a
   c.exclude = exclude or []  # [{axis: label}]: members left out (FedPAC on the linear model)
   c.seeds = seeds  # each member once per seed
   r = ml_collections.ConfigDict()
-  r.kind = "table"  # table | curves | heatmap (fedpsa_jax/report.py) | overhead | alignment (figures/fedpsa.py)
+  r.kind = "table"  # table | curves | heatmap (fedpsa_lab/report.py) | overhead | alignment (figures/fedpsa.py)
   r.rows = []  # axes along the table's rows (outer first)
   r.cols = []  # axes along its columns (outer first)
   r.metric = "final_test_accuracy"  # the summary.json field in the cells

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 
-from fedpsa_jax import io, report_lib
+from fedpsa_jax import io
+from fedpsa_lab import report_lib
 
 
 def _label(run_dir: str) -> str:

@@ -18,10 +18,10 @@
     - `curves`: `curves.png` laid out as `report.panels` × lines `report.lines` instead;
     - `heatmap`: the curves, then one `heatmap_<part>.png` / `heatmap_<part>.csv` per `report.heatmaps`
       entry and `heatmap.md`;
-    - the plug-ins' kinds (`REPORT_KINDS` of a `fedpsa_jax.figures` module): FedPSA's Fig. 5 `overhead`
+    - the plug-ins' kinds (`REPORT_KINDS` of a `fedpsa_lab.figures` module): FedPSA's Fig. 5 `overhead`
       and Fig. 6 `alignment` (figures/fedpsa.py);
     an unknown kind is a ReportError naming the allowed ones;
-  - then the figure plug-ins (`fedpsa_jax.figures`): `run_figures` per member into
+  - then the figure plug-ins (`fedpsa_lab.figures`): `run_figures` per member into
     `report/runs/<member>/`, `group_figures` over all members into `report/`.
   `build(workdir, layout)` draws a sweep with the `report` section of `layout` (a sweep config of the same name,
   as JSON) instead of the stored one (`with_layout`): `--mode=report --config=SWEEP_CONFIG`.
@@ -29,7 +29,7 @@
   `run_figures`.
 
 This module is the driver: it reads the members, picks the kind and calls the plug-ins. The tables, figures
-and writers it and the plug-ins share are in `fedpsa_jax.report_lib`, below both.
+and writers it and the plug-ins share are in `fedpsa_lab.report_lib`, below both.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from typing import Any
 
 import pandas as pd
 
-from fedpsa_jax import contrasts, errors, figures, io
-from fedpsa_jax import report_lib, report_stats
+from fedpsa_jax import errors, io
 from fedpsa_jax import sweep as sweep_lib
-from fedpsa_jax.report_lib import ReportError, ReportKind, SweepReport
+from fedpsa_lab import contrasts, figures, report_lib, report_stats
+from fedpsa_lab.report_lib import ReportError, ReportKind, SweepReport
 
 REPORT_DIR = "report"
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import pandas as pd
 
-from fedpsa_jax import io, report_lib, report_stats
+from fedpsa_jax import io
+from fedpsa_lab import report_lib, report_stats
 
 TAIL_ENDPOINT = "tail_test_accuracy"
 ENDPOINT_NAMES = {TAIL_ENDPOINT: "mean accuracy over the last {pct:g}% of the run",

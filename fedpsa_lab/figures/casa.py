@@ -12,7 +12,8 @@ import os
 
 import numpy as np
 
-from fedpsa_jax import io, report_lib
+from fedpsa_jax import io
+from fedpsa_lab import report_lib
 
 
 def cluster_matrix(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
