@@ -5,9 +5,11 @@ the clients' response times and the initial model. So a method is compared with 
 seed (a paired test, which removes the variation the seeds share), and a cell's own spread is the Student-t
 interval of its mean over the seeds. Both need at least two seeds; with one, they are NaN and the report
 says it has one seed. A report makes many such comparisons at once (every method and column against the
-reference), so beside each p it gives Holm's adjustment over the comparisons of its table (`holm`). Three
-seeds resolve only large differences in one cell; a method's difference over all of a table's columns at once
-(`pooled_difference`) has more pairs behind it.
+reference), so beside each p it gives Holm's adjustment over the comparisons of its table (`holm`), and its
+verdicts read the adjusted p. Where results are pooled over settings (columns, blocks) that share a seed, the
+seed is the unit of analysis (`seed_blocked`): a contrast is computed within each seed, then tested over the
+seeds, never over the (seed, setting) pairs as if they were independent. `power_paired_t` and `sd_upper_bound`
+size a design from a pilot's spread.
 """
 
 from __future__ import annotations
@@ -74,54 +76,6 @@ def paired_difference(values: Mapping[int, float], reference: Mapping[int, float
   elif len(seeds) >= 2 and diff.mean != 0:  # every pair differs by the same amount: no noise at all
     p_value = 0.0
   return PairedDifference(diff, p_value)
-
-
-def pooled_difference(differences: Mapping[Any, Sequence[float]]) -> PairedDifference:
-  """The paired difference over several columns at once, {column: [Δ of each common seed]}: the mean of the
-  columns' mean differences (every column weighs the same), with its t-interval and two-sided p from the spread
-  between seeds within each column, pooled: s² = Σ_c Σ_s (Δ_cs − Δ̄_c)² / (N − C) on N − C degrees of freedom
-  (N pairs, C columns) and SE² = s² Σ_c (1 / n_c) / C². One column gives the paired t-test. This reads the
-  columns as fixed (these α, not a sample of settings): how a column shifts every seed's difference is not noise,
-  and more pairs than a single cell's buy a test that can resolve a smaller difference. NaN p without a degree of
-  freedom; p = 0 when every pair of every column differs by its column's mean exactly."""
-  columns = [np.asarray(v, float) for v in differences.values() if len(v)]
-  n = sum(len(v) for v in columns)
-  if not columns:
-    return PairedDifference(Interval(math.nan, math.nan, 0), math.nan)
-  estimate = float(np.mean([v.mean() for v in columns]))
-  dof = n - len(columns)
-  if dof < 1:
-    return PairedDifference(Interval(estimate, math.nan, n), math.nan)
-  spread = sum(float(((v - v.mean()) ** 2).sum()) for v in columns) / dof
-  se = math.sqrt(spread * sum(1 / len(v) for v in columns)) / len(columns)
-  if se == 0:
-    return PairedDifference(Interval(estimate, 0.0, n), 0.0 if estimate != 0 else math.nan)
-  t = scipy.stats.t.ppf(0.5 + CONFIDENCE / 2, dof)
-  p_value = float(2 * scipy.stats.t.sf(abs(estimate) / se, dof))
-  return PairedDifference(Interval(estimate, float(t * se), n), p_value)
-
-
-def per_column_difference(differences: Mapping[Any, Sequence[float]]) -> PairedDifference:
-  """`pooled_difference`'s estimate with each column's own spread instead of one pooled over the columns, for
-  columns whose seeds spread unequally: SE² = Σ_c v_c / C², v_c = s_c² / n_c (s_c² the column's sample variance),
-  on Welch and Satterthwaite's degrees of freedom (Σ_c v_c)² / Σ_c (v_c² / (n_c − 1)). With equal spreads and
-  pair counts it is `pooled_difference`; with two columns, Welch's t-test of the first against the second negated.
-  NaN p when a column has fewer than two pairs (no spread of its own)."""
-  columns = [np.asarray(v, float) for v in differences.values() if len(v)]
-  if not columns:
-    return PairedDifference(Interval(math.nan, math.nan, 0), math.nan)
-  n = sum(len(v) for v in columns)
-  estimate = float(np.mean([v.mean() for v in columns]))
-  if min(len(v) for v in columns) < 2:
-    return PairedDifference(Interval(estimate, math.nan, n), math.nan)
-  shares = np.array([v.var(ddof=1) / len(v) for v in columns])
-  se = math.sqrt(shares.sum()) / len(columns)
-  if se == 0:
-    return PairedDifference(Interval(estimate, 0.0, n), 0.0 if estimate != 0 else math.nan)
-  dof = shares.sum() ** 2 / sum(share ** 2 / (len(v) - 1) for share, v in zip(shares, columns))
-  t = scipy.stats.t.ppf(0.5 + CONFIDENCE / 2, dof)
-  p_value = float(2 * scipy.stats.t.sf(abs(estimate) / se, dof))
-  return PairedDifference(Interval(estimate, float(t * se), n), p_value)
 
 
 def one_sample(values: Sequence[float]) -> PairedDifference:
@@ -198,5 +152,4 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
 
 
 __all__ = ["CONFIDENCE", "Interval", "PairedDifference", "SIGNIFICANCE", "holm", "interval", "one_sample",
-           "paired_difference", "per_column_difference", "pooled_difference", "power_paired_t", "sd_upper_bound",
-           "seed_blocked", "seed_contrasts"]
+           "paired_difference", "power_paired_t", "sd_upper_bound", "seed_blocked", "seed_contrasts"]
