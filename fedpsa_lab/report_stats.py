@@ -136,6 +136,27 @@ def sd_upper_bound(sd: float, n: int, confidence: float) -> float:
   return float(sd * math.sqrt((n - 1) / scipy.stats.chi2.ppf(1 - confidence, n - 1)))
 
 
+def partial_correlation(x: np.ndarray, y: np.ndarray, covariates: np.ndarray,
+                        groups: np.ndarray | None = None) -> float:
+  """Pearson's correlation of x and y after both are regressed, by least squares, on an intercept per group (one
+  for all without `groups`) and the columns of `covariates` ([n, c]): the correlation the covariates (and what
+  each group shares) do not explain."""
+  x, y = np.asarray(x, float), np.asarray(y, float)
+  groups = np.zeros(len(x), int) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
+  design = np.column_stack([np.eye(groups.max() + 1)[groups], np.asarray(covariates, float).reshape(len(x), -1)])
+  residuals = [v - design @ np.linalg.lstsq(design, v, rcond=None)[0] for v in (x, y)]
+  return float(np.corrcoef(*residuals)[0, 1])
+
+
+def cluster_bootstrap(groups: Sequence[Any], statistic: Any, resamples: int, seed: int) -> np.ndarray:
+  """[resamples] values of `statistic(chosen)`, each `chosen` a list of `groups` drawn with replacement (as many
+  as there are): the bootstrap that resamples whole units (runs), not their rows, since the rows of one run are not
+  independent. A percentile interval is `np.nanpercentile(values, [2.5, 97.5])`."""
+  rng = np.random.default_rng(seed)
+  k = len(groups)
+  return np.array([statistic([groups[i] for i in rng.integers(0, k, k)]) for _ in range(resamples)])
+
+
 def holm(p_values: Sequence[float]) -> np.ndarray:
   """Holm's step-down adjustment of a family of p-values (NaN ones, too few seeds, are left out of the family
   and stay NaN): sorted ascending, the j-th (from 1) becomes max over i ≤ j of min(1, (m − i + 1) p_(i)), m the
@@ -152,4 +173,5 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
 
 
 __all__ = ["CONFIDENCE", "Interval", "PairedDifference", "SIGNIFICANCE", "holm", "interval", "one_sample",
-           "paired_difference", "power_paired_t", "sd_upper_bound", "seed_blocked", "seed_contrasts"]
+           "cluster_bootstrap", "paired_difference", "partial_correlation", "power_paired_t", "sd_upper_bound",
+           "seed_blocked", "seed_contrasts"]

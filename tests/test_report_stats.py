@@ -100,3 +100,41 @@ def test_the_shape_step_power_statement():
   assert report_stats.power_paired_t(0.86, 8, 1.0) == pytest.approx(0.80, abs=0.005)
   assert report_stats.power_paired_t(0.85, 8, 1.0) == pytest.approx(0.81, abs=0.005)
   assert report_stats.power_paired_t(0.40, 8, 1.0) > 0.99
+
+
+def test_partial_correlation_is_the_precision_matrix_formula_and_group_intercepts_are_removed():
+  rng = np.random.default_rng(4)
+  n = 400
+  z = rng.normal(size=(n, 2))
+  x = z @ [0.8, -0.3] + rng.normal(size=n)
+  y = 0.5 * x + z @ [-0.4, 0.9] + rng.normal(size=n)
+  precision = np.linalg.inv(np.corrcoef(np.column_stack([x, y, z]).T))
+  expected = -precision[0, 1] / math.sqrt(precision[0, 0] * precision[1, 1])
+  assert report_stats.partial_correlation(x, y, z) == pytest.approx(expected, rel=1e-9)
+  # One covariate: the textbook (r_xy − r_xz r_yz) / √((1 − r_xz²)(1 − r_yz²)).
+  r = np.corrcoef([x, y, z[:, 0]])
+  one = (r[0, 1] - r[0, 2] * r[1, 2]) / math.sqrt((1 - r[0, 2] ** 2) * (1 - r[1, 2] ** 2))
+  assert report_stats.partial_correlation(x, y, z[:, :1]) == pytest.approx(one, rel=1e-9)
+  # Offsets shared within each of 4 groups (runs) are removed: the same value as with the offsets absent.
+  groups = np.repeat(np.arange(4), n // 4)
+  offset = np.array([5.0, -3.0, 8.0, 1.0])[groups]
+  assert report_stats.partial_correlation(x + offset, y + 2 * offset, z, groups) == pytest.approx(
+      report_stats.partial_correlation(x - _group_means(x, groups), y - _group_means(y, groups), z, groups), rel=1e-9)
+  assert abs(report_stats.partial_correlation(x + offset, y + 2 * offset, z)) > 0.7 > abs(
+      report_stats.partial_correlation(x + offset, y + 2 * offset, z, groups))
+
+
+def _group_means(v, groups):
+  return np.array([v[groups == g].mean() for g in groups])
+
+
+def test_cluster_bootstrap_resamples_whole_runs():
+  # 10 runs of 50 identical rows each: resampling runs gives the spread of a mean of 10 run means (σ/√10);
+  # resampling rows would give almost none.
+  rng = np.random.default_rng(5)
+  runs = [np.full(50, v) for v in rng.normal(0.0, 1.0, 10)]
+  values = report_stats.cluster_bootstrap(runs, lambda chosen: np.concatenate(chosen).mean(), 4000, seed=0)
+  expected = np.std([r[0] for r in runs]) / math.sqrt(10)  # the bootstrap's own (plug-in) standard error
+  assert np.std(values) == pytest.approx(expected, rel=0.06)
+  np.testing.assert_array_equal(values, report_stats.cluster_bootstrap(runs, lambda c: np.concatenate(c).mean(),
+                                                                       4000, seed=0))  # seeded

@@ -81,7 +81,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       [arms, paper.alpha_axis((0.1,))],
       paper.seeds(options),
       {"rows": ["method"], "cols": ["alpha"], "reference": {"method": "fedbuff"},
-       "more_metrics": ["aulc_per_day"], "display": display},
+       "more_metrics": ["aulc_per_day"], "display": display,
+       # κ beyond staleness (fedpsa_lab/event_correlations.py): κ against Eq. 22's alignment given τ and ||Δ||², then
+       # given the time of arrival too (both drift as training goes on)
+       "partial_correlations": [
+           {"x": "kappa", "y": "alignment", "given": ["staleness", "log:delta_sq_norm"],
+            "where": {"method": ["fedpsa", "fedpsa_exact"]}, "resamples": 2000},
+           {"x": "kappa", "y": "alignment", "given": ["staleness", "log:delta_sq_norm", "arrival_time"],
+            "where": {"method": ["fedpsa", "fedpsa_exact"]}, "resamples": 2000}]},
       overrides=overrides)
   c.analysis = analysis_plan()
   return c
