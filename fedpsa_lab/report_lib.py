@@ -117,19 +117,53 @@ class Table:
   pooled: pd.DataFrame | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Cells:
+  """A paper-layout table's numbers, before any text (`paper_cells`; `table_markdown` renders them). Arrays are
+  [row key, column]: the columns are the column keys' (`col_keys`) then the extra ones (`spec.row_mean`'s Avg,
+  `spec.delta`'s differences), named by `names`; `counts`, `marks` and `excluded` cover the column keys only."""
+
+  rows: list[str]  # the row axes
+  row_keys: list[tuple]  # one label per row axis, per table row
+  col_keys: list[tuple]  # one label per column axis, per column
+  names: list[str]  # every column's header: the column keys', then the extra columns'
+  means: np.ndarray  # the mean over seeds (NaN: no completed member)
+  half_widths: np.ndarray  # the half-width of its 95% t-interval (NaN with one seed, and in the extra columns)
+  counts: np.ndarray  # seeds per cell
+  marks: np.ndarray  # +1 / -1: above / below the reference's cell after Holm (paired over seeds); 0: neither
+  excluded: np.ndarray  # the sweep leaves the cell out (`exclude`)
+  bold: np.ndarray  # the best of its column (within its first row axis' group, with two or more row axes)
+  paired: pd.DataFrame | None  # `Table.paired`
+  pooled: pd.DataFrame | None  # `Table.pooled`
+  published: dict[str, dict[str, float]]  # {row label: {column key: value}} of the spec's `published` rows
+
+  @property
+  def col_names(self) -> list[str]:
+    return self.names[:len(self.col_keys)]
+
+
 def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any],
                 where: dict[str, Any] | None = None) -> Table:
   """The layout `spec` (rows, cols, metric, scale, decimals, best, row_mean, delta, reference) over the members
-  matching `where`. Cells print the mean over seeds, ± the half-width of its 95% t-interval when a cell has
-  several seeds; with `reference` ({axis: label}, e.g. {"method": "fedbuff"}), a cell whose paired difference
-  from the reference's cell (same column, same seeds; `report_stats.paired_difference`) is significant after
-  Holm's adjustment over every such comparison of the table gets ▲ (above) or ▼ (below), and each row is also
-  compared over all its columns at once (`Table.pooled`). A caption under the table says how many seeds the
-  cells have."""
+  matching `where`: its numbers (`paper_cells`) and their markdown (`table_markdown`). Cells print the mean over
+  seeds, ± the half-width of its 95% t-interval when a cell has several seeds; with `reference` ({axis: label},
+  e.g. {"method": "fedbuff"}), a cell whose paired difference from the reference's cell (same column, same
+  seeds; `report_stats.paired_difference`) is significant after Holm's adjustment over every such comparison of
+  the table gets ▲ (above) or ▼ (below), and each row is also compared over all its columns at once
+  (`Table.pooled`). A caption under the table says how many seeds the cells have."""
+  cells = paper_cells(sweep, frame, spec, where)
+  index = pd.MultiIndex.from_tuples(cells.row_keys, names=cells.rows) if cells.rows else None
+  return Table(table_markdown(cells, spec), pd.DataFrame(cells.means, index=index, columns=cells.names),
+               pd.DataFrame(cells.half_widths, index=index, columns=cells.names),
+               pd.DataFrame(cells.counts, index=index, columns=cells.col_names), cells.paired, cells.pooled)
+
+
+def paper_cells(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any],
+                where: dict[str, Any] | None = None) -> Cells:
+  """The numbers of `paper_table`'s layout `spec` over the members matching `where`."""
   rows, cols = list(spec.get("rows", [])), list(spec.get("cols", []))
   where = dict(where or {})
-  metric, scale, decimals = spec.get("metric", "final_test_accuracy"), float(spec.get("scale", 1.0)), int(
-      spec.get("decimals", 2))
+  metric, scale = spec.get("metric", "final_test_accuracy"), float(spec.get("scale", 1.0))
   reference = dict(spec.get("reference") or {})
   published = {}  # {row label: {column key: value}} of the `published` rows [row label, column key, value]
   for row_label, key, value in (spec.get("published") or {}).get("values", []) if (spec.get("published") or {}).get(
@@ -183,7 +217,6 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
   no_interval = [np.full(len(row_keys), np.nan) for _ in extra_means]
   all_means = np.column_stack([means, *extra_means]) if extra_means else means
   all_halves = np.column_stack([halves, *no_interval]) if extra_means else halves
-  names = col_names + extra_names
   bold = np.zeros(all_means.shape, bool)
   best = spec.get("best", "max")
   if best in ("max", "min"):
@@ -196,35 +229,44 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
           continue
         target = np.nanmax(column) if best == "max" else np.nanmin(column)
         bold[idx, j] = np.isclose(column, target) & ~np.isnan(column)
-
-  def fmt(i: int, j: int) -> str:
-    if j < len(col_keys) and excluded[i, j]:
-      return MISSING
-    m = all_means[i, j]
-    if np.isnan(m):
-      return NOT_RUN
-    text = f"{m:.{decimals}f}" + (f" ± {all_halves[i, j]:.{decimals}f}" if not np.isnan(all_halves[i, j]) else "")
-    text = f"**{text}**" if bold[i, j] else text
-    return text + {1: " ▲", -1: " ▼"}.get(int(marks[i, j]) if j < len(col_keys) else 0, "")
-
-  header = [display_name(spec, r) for r in rows] + names
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  for i, rk in enumerate(row_keys):
-    lines.append("| " + " | ".join([display_name(spec, v) if not isinstance(v, float) else str(v) for v in rk]
-                                    + [fmt(i, j) for j in range(len(names))]) + " |")
-  lines += ["", _caption(counts[counts > 0], spec, reference)]
-  index = pd.MultiIndex.from_tuples(row_keys, names=rows) if rows else None
   paired_frame = pooled_frame = None
   if reference:
     paired_frame = pd.DataFrame(paired, columns=[*rows, "column", "difference", "ci95_half_width", "p_value", "seeds",
                                                  "published_difference"])
     pooled_frame = _pooled_frame(pooled, rows)
-  if published:
+  return Cells(rows, row_keys, col_keys, col_names + extra_names, all_means, all_halves, counts, marks, excluded,
+               bold, paired_frame, pooled_frame, published)
+
+
+def table_markdown(cells: Cells, spec: dict[str, Any]) -> str:
+  """`cells` as the markdown table `paper_table` writes: a cell the sweep leaves out as `MISSING`, one not yet
+  run as `NOT_RUN`, else its mean (± its half-width), the column's best in bold, ▲ / ▼ for a significant
+  difference from the reference; then the caption and, when the spec has them, the published values."""
+  decimals = int(spec.get("decimals", 2))
+  reference = dict(spec.get("reference") or {})
+  n_keys = len(cells.col_keys)
+
+  def fmt(i: int, j: int) -> str:
+    if j < n_keys and cells.excluded[i, j]:
+      return MISSING
+    m = cells.means[i, j]
+    if np.isnan(m):
+      return NOT_RUN
+    half = cells.half_widths[i, j]
+    text = f"{m:.{decimals}f}" + (f" ± {half:.{decimals}f}" if not np.isnan(half) else "")
+    text = f"**{text}**" if cells.bold[i, j] else text
+    return text + {1: " ▲", -1: " ▼"}.get(int(cells.marks[i, j]) if j < n_keys else 0, "")
+
+  header = [display_name(spec, r) for r in cells.rows] + cells.names
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  for i, rk in enumerate(cells.row_keys):
+    lines.append("| " + " | ".join([display_name(spec, v) if not isinstance(v, float) else str(v) for v in rk]
+                                    + [fmt(i, j) for j in range(len(cells.names))]) + " |")
+  lines += ["", _caption(cells.counts[cells.counts > 0], spec, reference)]
+  if cells.published:
     lines += ["", f"Published ({spec['published'].get('source', '')}):", "",
-              _published_markdown(published, rows, row_keys, col_keys, col_names, spec)]
-  return Table("\n".join(lines) + "\n", pd.DataFrame(all_means, index=index, columns=names),
-               pd.DataFrame(all_halves, index=index, columns=names),
-               pd.DataFrame(counts, index=index, columns=col_names), paired_frame, pooled_frame)
+              _published_markdown(cells.published, cells.rows, cells.row_keys, cells.col_keys, cells.col_names, spec)]
+  return "\n".join(lines) + "\n"
 
 
 def _pooled_frame(pooled: dict[tuple, tuple[dict[tuple, dict[int, float]], list[float]]], rows: list[str]
@@ -595,5 +637,5 @@ def table_curves(r: SweepReport) -> list[str]:
 
 
 __all__ = ["MISSING", "NOT_RUN", "ReportError", "ReportKind", "SweepReport", "axis_labels", "cell_stats", "completed",
-           "curves_figure", "display_name", "heatmap_figure", "learning_curve", "paired_figure", "paired_markdown", "paper_table", "provenance_section", "Table", "cell_values", "column_key", "pyplot", "save_figure",
+           "curves_figure", "display_name", "heatmap_figure", "learning_curve", "paired_figure", "paired_markdown", "paper_cells", "paper_table", "table_markdown", "Cells", "provenance_section", "Table", "cell_values", "column_key", "pyplot", "save_figure",
            "table_curves", "write_csv", "write_text"]

@@ -84,6 +84,23 @@ def test_table_cells_are_mean_and_interval_over_seeds_in_the_paper_layout(tmp_pa
     assert f"**{means.loc[best, column]:.2f}" in row
 
 
+def test_table_markdown_renders_cells_without_computing_any():
+  """The rendering half of paper_table on numbers made by hand: every kind of cell, written as documented."""
+  cells = report_lib.Cells(
+      rows=["method"], row_keys=[("fedpsa",), ("fedbuff",), ("fedpac",)], col_keys=[("mnist",)],
+      names=["MNIST", "Avg"], means=np.array([[81.234, 81.234], [79.0, 79.0], [np.nan, np.nan]]),
+      half_widths=np.array([[0.456, np.nan], [np.nan, np.nan], [np.nan, np.nan]]),
+      counts=np.array([[3], [1], [0]]), marks=np.array([[1], [0], [0]]), excluded=np.array([[False], [False], [True]]),
+      bold=np.array([[True, True], [False, False], [False, False]]), paired=None, pooled=None, published={})
+  spec = {"display": {"method": "Method", "fedpsa": "FedPSA (Ours)"}, "decimals": 1}  # (names: already text)
+  assert report_lib.table_markdown(cells, spec).splitlines() == [
+      "| Method | MNIST | Avg |", "|---|---|---|",
+      "| FedPSA (Ours) | **81.2 ± 0.5** ▲ | **81.2** |",  # (no interval and no mark in an extra column)
+      "| fedbuff | 79.0 | 79.0 |",
+      "| fedpac | - | n/a |",  # left out by the sweep; an extra column is not
+      "", "Mean over 1-3 seeds ± the half-width of its 95% Student-t interval (none for a cell with one seed)."]
+
+
 def test_missing_member_shows_as_not_run_and_bad_workdir_is_an_error(tmp_path):
   accs = {(m, d, s): 0.5 for m in ("fedbuff", "fedpac", "fedpsa") for d in ("mnist", "fashion_mnist") for s in (0, 1)}
   workdir = _fake_sweep(tmp_path, accs)
