@@ -73,7 +73,7 @@ def contrast_frame(frame: pd.DataFrame, sweep: dict[str, Any]) -> pd.DataFrame:
   out = pd.DataFrame(rows)
   if len(out):
     out["p_holm"] = out.groupby(["endpoint", "family"], sort=False)["p_value"].transform(report_stats.holm)
-    out["verdict"] = [_verdict(d, p) for d, p in zip(out["difference"], out["p_holm"])]
+    out["verdict"] = [_verdict(d, p, n) for d, p, n in zip(out["difference"], out["p_holm"], out["seeds"])]
   return out
 
 
@@ -82,8 +82,10 @@ def _row(endpoint: str, family: str, name: str, block: str, d: report_stats.Pair
           "ci95_half_width": d.diff.half_width, "seeds": d.diff.n, "p_value": d.p_value}
 
 
-def _verdict(difference: float, p_holm: float) -> str:
-  if not p_holm < report_stats.SIGNIFICANCE:  # (NaN: too few seeds)
+def _verdict(difference: float, p_holm: float, seeds: int) -> str:
+  if seeds < 2:
+    return "no complete seed yet" if seeds == 0 else "one seed: unknown"
+  if not p_holm < report_stats.SIGNIFICANCE:
     return "within the noise"
   return "higher" if difference > 0 else "lower"
 
@@ -114,7 +116,8 @@ def contrasts_markdown(table: pd.DataFrame, sweep: dict[str, Any], title: str) -
       lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
       for _, r in rows.iterrows():
         half = "" if math.isnan(r.ci95_half_width) else f" ± {r.ci95_half_width:.2f}"
-        cells = [r.contrast, *([r.block] if with_block else []), f"{r.difference:+.2f}{half}", str(r.seeds),
+        effect = "-" if math.isnan(r.difference) else f"{r.difference:+.2f}{half}"
+        cells = [r.contrast, *([r.block] if with_block else []), effect, str(r.seeds),
                  _p(r.p_holm), _p(r.p_value), r.verdict]
         lines.append("| " + " | ".join(cells) + " |")
       lines.append("")

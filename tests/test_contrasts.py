@@ -113,3 +113,15 @@ def test_the_report_writes_contrasts_md_with_the_declared_plan(tmp_path):
   text = open(md).read()
   assert "Unit: the seed" in text and "(primary endpoint)" in text and "mean accuracy over the last 10% of the run" in text
   assert "| psa − buff | +2.00 ± 0.00 | 5 |" in text
+
+
+def test_a_sweep_without_a_complete_seed_says_so(tmp_path):
+  workdir, _ = _factorial(tmp_path, lambda a, al, s: 0.5, seeds=range(2))
+  for s in range(2):  # one member of each seed still running
+    os.remove(os.path.join(sweep.member_dir(workdir, f"method=fedpsa,alpha=0.1,seed={s}"), "summary.json"))
+  sweep_json, frame = report.load_members(workdir)
+  table = contrasts.contrast_frame(frame, sweep_json)
+  missing = (table["contrast"] != "discount") & (table["block"] != "1.0")  # α = 1.0 alone has both seeds
+  assert (table[missing]["verdict"] == "no complete seed yet").all()
+  assert (table[~missing]["seeds"] == 2).all()
+  assert "| psa − buff | - | 0 | n/a | n/a | no complete seed yet |" in contrasts.contrasts_markdown(table, sweep_json, "# t\n")
