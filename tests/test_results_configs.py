@@ -81,3 +81,13 @@ def test_horizon_arms():
   exact = next(m.config for m in members.values() if m.labels["method"] == "fedpsa_exact")
   assert (exact.fedpsa.projection, exact.fedpsa.sketch_dim, exact.sim.virtual_days) == ("count_sketch", 4096, 1.0)
   assert exact.fedpsa.log_alignment and exact.output.events
+
+
+def test_the_recorded_sweeps_ran_the_plan_the_configs_declare():
+  # results/<sweep>/sweep.json holds the analysis as declared when the sweep started; today's config must give
+  # the same plan and the same members, or the page would read a plan the runs were not declared under.
+  for name in ("shape_step", "horizon"):
+    saved = sweep.read_sweep_json(os.path.join(ROOT, "results", name))
+    c = api._load_config_file(os.path.join(ROOT, "configs", "results", f"{name}.py"))
+    assert io.config_json(c)["analysis"] == saved["sweep"]["analysis"], name
+    assert [m.name for m in sweep.expand(c)] == [m["name"] for m in saved["members"]], name

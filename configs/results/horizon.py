@@ -47,20 +47,11 @@ ARMS = (
 
 def analysis_plan() -> ml_collections.ConfigDict:
   """The declared analysis (module docstring), as `fedpsa_lab.contrasts` reads it."""
-  a = ml_collections.ConfigDict()
-  a.unit = "seed"  # the replicate: one member per arm and seed
-  a.axis = "method"  # the axis whose labels the contrasts weigh
-  a.blocks = ["alpha"]  # averaged within each seed (here one α)
-  a.primary = "tail_test_accuracy"  # mean test accuracy over the evaluations in the last `tail_fraction` of the run
-  a.tail_fraction = 0.1  # the primary endpoint's window, a fraction of sim.virtual_days
-  a.secondary = ["final_test_accuracy", "aulc_per_day"]  # summary.json fields, reported beside the primary
-  a.scale = 100.0  # effects in percentage points
-  a.contrasts = [  # the family, Holm-adjusted together
+  return paper.seed_contrast_plan([
       ["FedPSA − FedBuff", {"fedpsa": 1.0, "fedbuff": -1.0}],
       ["κ: FedPSA − uniform", {"fedpsa": 1.0, "uniform_unit": -1.0}],
       ["near-exact κ − k = 16 κ", {"fedpsa_exact": 1.0, "fedpsa": -1.0}],
-  ]
-  return a
+  ])
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -72,8 +63,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   base.eval.every_days = 0.02  # 51 evaluations, five in the last 10%
   base.checkpoint.every_days = 0.1
   base.output.events = True
-  arms = ("method", [(label, fields) for label, fields, _ in ARMS])
-  display = {**paper.DISPLAY_NAMES, **{label: name for label, _, name in ARMS}}
+  arms, display = paper.arms_axis(ARMS)
   c = paper.sweep_config(
       "horizon",
       "FedBuff, the uniform buffer and FedPSA (k = 16 and near-exact κ) for 1 virtual day at α = 0.1",

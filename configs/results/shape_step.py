@@ -59,27 +59,16 @@ ARMS = (
 
 
 def analysis_plan() -> ml_collections.ConfigDict:
-  """The declared analysis (module docstring): unit, endpoints and the contrast family, as `fedpsa_lab.contrasts`
-  reads them."""
-  a = ml_collections.ConfigDict()
-  a.unit = "seed"  # the replicate: members sharing a seed are paired, their α averaged within the seed
-  a.axis = "method"  # the axis whose labels the contrasts weigh
-  a.blocks = ["alpha"]  # axes averaged within each seed before the test
-  a.primary = "tail_test_accuracy"  # mean test accuracy over the evaluations in the last `tail_fraction` of the run
-  a.tail_fraction = 0.1  # the primary endpoint's window, a fraction of sim.virtual_days
-  a.secondary = ["final_test_accuracy", "aulc_per_day"]  # summary.json fields, reported beside the primary
-  a.scale = 100.0  # effects in percentage points
-  # The family, Holm-adjusted together: [name, {arm: coefficient}], each a difference of means (coefficients
-  # sum to 0); shapes averaged over both steps, steps over all three shapes.
-  a.contrasts = [
+  """The declared analysis (module docstring), as `fedpsa_lab.contrasts` reads it. The family: shapes averaged
+  over both steps, steps over all three shapes."""
+  return paper.seed_contrast_plan([
       ["FedPSA − FedBuff (all of it)", {"fedpsa": 1.0, "fedbuff": -1.0}],
       ["step: Σw = 1 − FedBuff's Σw", {"fedbuff_unit": 1 / 3, "uniform_unit": 1 / 3, "fedpsa": 1 / 3,
                                        "fedbuff": -1 / 3, "uniform_stale": -1 / 3, "fedpsa_stale": -1 / 3}],
       ["shape: κ − uniform", {"fedpsa": 0.5, "fedpsa_stale": 0.5, "uniform_unit": -0.5, "uniform_stale": -0.5}],
       ["shape: κ − staleness discount", {"fedpsa": 0.5, "fedpsa_stale": 0.5, "fedbuff_unit": -0.5,
                                          "fedbuff": -0.5}],
-  ]
-  return a
+  ])
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -89,8 +78,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   base = paper.embedded_mnist_base()
   base.eval.every_days = EVAL_EVERY_DAYS
   base.output.events = True  # every sweep's records keep events.jsonl (the answer must be re-derivable)
-  arms = ("method", [(label, fields) for label, fields, _ in ARMS])
-  display = {**paper.DISPLAY_NAMES, **{label: name for label, _, name in ARMS}}
+  arms, display = paper.arms_axis(ARMS)
   c = paper.sweep_config(
       "shape-step",
       "FedBuff and FedPSA with the shape and the step of their buffer weights crossed",
