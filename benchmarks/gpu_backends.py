@@ -24,9 +24,9 @@ same on noise, so the speed figures hold, and the accuracy is chance.
 `--per_device=N1,N2,...`: for each member and backend, N members (the same run) at once on one device, each a
 process of its own with the environment a Ray member with a 1/N share of a GPU gets (`sweep.member_env`: no
 preallocation, JAX's memory capped to 0.9/N of the device). The members wait for each other after the warm-up, so
-their windows overlap; one row per N: the aggregate client updates/s (all members' updates over the span from the
-first window's start to the last one's end), its ratio to N = 1's, each member's mean updates/s and the largest
-member's peak device memory. `--model` replaces the paper's model (the CPU test's `tiny_mlp`).
+their windows start together; one row per N: the aggregate client updates/s (the sum of the members' updates/s,
+each over its own window without compile time, as in the backends' table), its ratio to N = 1's, each member's
+mean updates/s and the largest member's peak device memory. `--model` replaces the paper's model (the CPU test's `tiny_mlp`).
 
 `--small` (the default when JAX's backend is the CPU): the same members at a size a CPU runs in minutes, always
 on the stand-ins (10 clients, half in flight, one local epoch, 2,000 CIFAR-shaped images, 0.01 days after 0.002),
@@ -206,9 +206,9 @@ def run_together(count: int, member: str, execution: str, loop: str, small: bool
     children = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
                 for _ in range(count)]
     members = [_result(*child.communicate(), child.returncode) for child in children]
-  span = max(m["window"][1] for m in members) - min(m["window"][0] for m in members)
-  return {**members[0], "count": count, "members": members, "span_seconds": span,
-          "updates": sum(m["updates"] for m in members), "aggregate_updates_per_s": sum(m["updates"] for m in members) / span,
+  return {**members[0], "count": count, "members": members,
+          "updates": sum(m["updates"] for m in members),
+          "aggregate_updates_per_s": sum(m["updates_per_s"] for m in members),
           "member_updates_per_s": sum(m["updates_per_s"] for m in members) / count,
           "peak_bytes": max(m["peak_bytes"] for m in members)}
 
