@@ -26,7 +26,8 @@ process of its own with the environment a Ray member with a 1/N share of a GPU g
 preallocation, JAX's memory capped to 0.9/N of the device). The members wait for each other after the warm-up, so
 their windows start together; one row per N: the aggregate client updates/s (the sum of the members' updates/s,
 each over its own window without compile time, as in the backends' table), its ratio to N = 1's, each member's
-mean updates/s and the largest member's peak device memory. `--model` replaces the paper's model (the CPU test's `tiny_mlp`).
+mean updates/s and the largest member's peak device memory. `--model` replaces the paper's model (the CPU test's
+`tiny_mlp`).
 
 `--small` (the default when JAX's backend is the CPU): the same members at a size a CPU runs in minutes, always
 on the stand-ins (10 clients, half in flight, one local epoch, 2,000 CIFAR-shaped images, 0.01 days after 0.002),
@@ -202,7 +203,8 @@ def run_together(count: int, member: str, execution: str, loop: str, small: bool
 
   env = {**os.environ, **sweep.member_env(1.0 / count)}
   with tempfile.TemporaryDirectory(prefix="together-") as ready:
-    argv = child_argv(member, execution, loop, small, days, warmup_days, data_dir, model, (f"--barrier={ready}:{count}",))
+    argv = child_argv(member, execution, loop, small, days, warmup_days, data_dir, model,
+                      (f"--barrier={ready}:{count}",))
     children = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
                 for _ in range(count)]
     members = [_result(*child.communicate(), child.returncode) for child in children]

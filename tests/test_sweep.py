@@ -340,9 +340,9 @@ def test_each_member_asks_ray_for_its_share_in_a_process_of_its_own(tmp_path, fa
   for name in _TASK_ENV[:2]:
     monkeypatch.delenv(name, raising=False)
   ray = _FakeRay(gpus=cluster_gpus)
-  results = sweep._run_ray_members(ray, _tiny_sweep(("fedbuff", "fedpsa")), sweep.expand(_tiny_sweep(("fedbuff", "fedpsa"))),
-                                   str(tmp_path / "sweep"), None, sweep.RayResources(cpus=2, gpus=asked),
-                                   lambda _: None, None, None)
+  config = _tiny_sweep(("fedbuff", "fedpsa"))
+  results = sweep._run_ray_members(ray, config, sweep.expand(config), str(tmp_path / "sweep"), None,
+                                   sweep.RayResources(cpus=2, gpus=asked), lambda _: None, None, None)
   assert [r["status"] for r in results.values()] == ["completed", "completed"]
   assert ray.options == [{"num_cpus": 2, "num_gpus": share, "max_calls": 1, "max_retries": sweep.MEMBER_RETRIES}] * 2
   capped = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false",

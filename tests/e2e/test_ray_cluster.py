@@ -1,6 +1,6 @@
 """A sweep on a real Ray cluster: a head and a second node started on this machine as processes of their own
-(`ray start --head`, `ray start --address=...`, one CPU each; Ray gives both nodes this machine's own address), one sweep directory both
-see. Members run on both nodes, each in a fresh process, and give the local executor's summaries; a node killed
+(`ray start --head`, `ray start --address=...`, one CPU each, at this machine's own address), one sweep directory
+both see. Members run on both nodes, each in a fresh process, and give the local executor's summaries; a node killed
 in the middle of a member costs nothing but time: the member runs again on the node left and continues from its
 checkpoint. The cluster is stopped by the processes the test started, whatever happens.
 """
@@ -87,7 +87,8 @@ class Cluster:
     deadline = time.monotonic() + START_SECONDS
     while time.monotonic() < deadline:
       for name, process in self.nodes.items():
-        assert process.poll() is None, f"ray start ({name}) ended: {open(os.path.join(self.root, name + '.log')).read()[-3000:]}"
+        log = open(os.path.join(self.root, f"{name}.log")).read()[-3000:] if process.poll() is not None else ""
+        assert process.poll() is None, f"ray start ({name}) ended: {log}"
       if not ray.is_initialized():
         with contextlib.suppress(ConnectionError, RuntimeError):
           ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
