@@ -27,6 +27,10 @@ done for its config starts done (`restore_records`): DIR, small enough to commit
 reads, and it carries a sweep's finished members to a fresh machine (docs/results.md keeps its sweeps so).
 A running sweep holds `SWEEP_DIR/.lock` (`locked`) from writing sweep.json to its last member: a second
 sweep on the same directory is refused at once (ConfigError), never run beside it.
+Both executors hand their members' outcomes to one loop (`_collect`: failures, a full disk, records, the log).
+On Ray each member is a task of its own process that asks for `RayResources` (CPUs, a share of one GPU with JAX's
+memory capped to it) and runs again, from its checkpoint, when its node is lost (docs/reproducing.md, "On a
+cluster").
 
 Expanding a sweep imports no JAX by itself; validating its members loads the strategies (which do).
 """

@@ -381,3 +381,31 @@ def test_bad_ray_resource_flags_are_refused_before_any_work(tmp_path, fake_runs,
     modes.run_mode(_tiny_sweep(), options)
   assert str(err.value).startswith(message) and "\n" not in str(err.value)
   assert not os.path.exists(tmp_path / "sweep") and fake_runs.ran == []
+
+
+def test_the_ray_executor_shares_the_member_loop_failures_and_a_full_disk(tmp_path, monkeypatch):
+  """A member failing on Ray is recorded as failed and the sweep goes on; one that met a full disk cancels the
+  members still running and stops the sweep with its OutputWriteError, as the local executor does."""
+  def member(config_json, run_dir, compilation_cache=None):
+    if config_json["method"] == "fedasync":
+      raise ValueError("broken member")
+    return {"status": "completed", "sweep_action": "ran"}
+
+  monkeypatch.setattr(sweep, "run_member", member)
+  ray, logged = _FakeRay(), []
+  results = sweep._run_ray_members(ray, _tiny_sweep(), sweep.expand(_tiny_sweep()), str(tmp_path / "sweep"), None,
+                                   sweep.RayResources(), logged.append, None, None)
+  assert [r["sweep_action"] for r in results.values()] == ["ran", "failed", "ran"]
+  assert results["method=fedasync,seed=0"]["error"] == "ValueError: broken member" and ray.cancelled == []
+  assert [line.split(":")[0] for line in logged[1:]] == ["[1/3] method=fedbuff,seed=0", "[2/3] method=fedasync,seed=0",
+                                                          "[3/3] method=fedpsa,seed=0"]
+
+  def full(config_json, run_dir, compilation_cache=None):
+    raise errors.OutputWriteError(errno.ENOSPC, "No space left on device", os.path.join(run_dir, "metrics.jsonl"))
+
+  monkeypatch.setattr(sweep, "run_member", full)
+  ray = _FakeRay()
+  with pytest.raises(errors.OutputWriteError):
+    sweep._run_ray_members(ray, _tiny_sweep(), sweep.expand(_tiny_sweep()), str(tmp_path / "other"), None,
+                           sweep.RayResources(), lambda _: None, None, None)
+  assert len(ray.cancelled) == 3  # (every task: cancelling a finished one does nothing)
