@@ -30,6 +30,9 @@ ray = pytest.importorskip("ray")
 TIMING = set(runner.PROCESS_FIELDS) | {"sweep_action"}
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 START_SECONDS = 120  # a node's start on a busy 2-core machine
+# The same authentication for the nodes and this driver whatever the user's ~/.ray holds (a local `ray.init()`
+# leaves a token there, which a node started later would require and a joining one would not send).
+AUTH = {"RAY_AUTH_MODE": "disabled"}
 
 
 def _free_port() -> int:
@@ -67,7 +70,7 @@ class Cluster:
   def __init__(self, root: str):
     self.root, self.port, self.nodes = root, _free_port(), {}
     self.env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                "JAX_PLATFORMS": "cpu", "RAY_USAGE_STATS_ENABLED": "0"}
+                "JAX_PLATFORMS": "cpu", "RAY_USAGE_STATS_ENABLED": "0", **AUTH}
 
   @property
   def address(self) -> str:
@@ -118,13 +121,16 @@ def _cluster() -> Iterator[Cluster]:
   folders are under a short /tmp path: Ray's socket paths must fit in 107 characters."""
   root = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
   cluster = Cluster(root)
-  try:
-    cluster.start("head", "--head", f"--port={cluster.port}", "--include-dashboard=false")
-    cluster.start("worker", f"--address={cluster.address}")
-    yield cluster
-  finally:
-    cluster.stop()
-    shutil.rmtree(root, ignore_errors=True)
+  with pytest.MonkeyPatch.context() as patch:
+    for name, value in AUTH.items():
+      patch.setenv(name, value)
+    try:
+      cluster.start("head", "--head", f"--port={cluster.port}", "--include-dashboard=false")
+      cluster.start("worker", f"--address={cluster.address}")
+      yield cluster
+    finally:
+      cluster.stop()
+      shutil.rmtree(root, ignore_errors=True)
 
 
 def _process_of(run_dir: str) -> int | None:
