@@ -131,8 +131,10 @@ def test_a_report_from_the_records_alone_is_the_report_of_the_sweep(tmp_path):
 
 
 @pytest.mark.slow
-def test_ray_executor_gives_the_local_executor_results(tmp_path):
+def test_ray_executor_gives_the_local_executor_results(tmp_path, monkeypatch):
   ray = pytest.importorskip("ray")
+  # (else a local ray.init() writes an authentication token into ~/.ray and turns it on for this whole process)
+  monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
   config = _tiny_sweep(("fedbuff", "fedpsa"))
   local = sweep.run_local(config, str(tmp_path / "local"), log=lambda _: None)
   ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
