@@ -242,12 +242,12 @@ def run_member(config_json: dict[str, Any], run_dir: str, compilation_cache: str
   run directories and give the same summaries. A partial run directory continues from its checkpoint.
   `compilation_cache`: a directory for `compilation_cache.enable` (None: leave JAX as configured).
   """
+  if is_done(config_json, run_dir):  # (before JAX is imported: a Ray task's fresh process skips it cheaply)
+    return {**io.read_summary(run_dir), "sweep_action": "skipped"}
   from fedpsa_jax.sim import runner  # imported here: expanding a sweep needs no JAX
 
   if compilation_cache:
     compilation_cache_lib.enable(compilation_cache)
-  if is_done(config_json, run_dir):
-    return {**io.read_summary(run_dir), "sweep_action": "skipped"}
   config = ml_collections.ConfigDict(config_json)
   runner.Simulation(config, run_dir).run()
   return {**io.read_summary(run_dir), "sweep_action": "ran"}
@@ -462,8 +462,9 @@ def run_ray(sweep: ml_collections.ConfigDict, sweep_dir: str, address: str | Non
   every node sees (a shared filesystem), and fedpsa_jax importable on every node. Each task asks for
   `resources` and runs in a process of its own; a task whose node is lost runs again (MEMBER_RETRIES) and
   continues from the member's checkpoint. Members that are done are skipped by the task itself, so a resumed
-  sweep costs one cheap task per finished member. A failed member, a full disk and `records_dir`: as `_collect`
-  says (records written here as each task returns, from the shared sweep directory).
+  sweep costs one short task (a process that imports no JAX) per finished member. A failed member, a full disk
+  and `records_dir`: as `_collect` says (records written here as each task returns, from the shared sweep
+  directory).
   """
   problems = resources.problems()
   if problems:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import errors, sweep
-from helpers import _tiny_sweep
+from helpers import _tiny_sweep, ROOT
 
 
 def test_a_second_sweep_on_a_busy_sweep_directory_is_refused(tmp_path, monkeypatch):
@@ -409,3 +411,20 @@ def test_the_ray_executor_shares_the_member_loop_failures_and_a_full_disk(tmp_pa
     sweep._run_ray_members(ray, _tiny_sweep(), sweep.expand(_tiny_sweep()), str(tmp_path / "other"), None,
                            sweep.RayResources(), lambda _: None, None, None)
   assert len(ray.cancelled) == 3  # (every task: cancelling a finished one does nothing)
+
+
+def test_a_finished_member_is_skipped_without_starting_jax(tmp_path):
+  """On Ray every member, finished or not, is a fresh process: skipping a finished one must not cost JAX's start."""
+  member = sweep.expand(_tiny_sweep(("fedbuff",)))[0]
+  run_dir = str(tmp_path / "run")
+  os.makedirs(run_dir)
+  config_json = sweep.io.config_json(member.config)
+  sweep.io.write_json_atomic(os.path.join(run_dir, "config.json"), config_json)
+  sweep.io.write_json_atomic(os.path.join(run_dir, "summary.json"), {"status": "completed"})
+  sweep.io.write_json_atomic(str(tmp_path / "member.json"), config_json)
+  code = ("import json, sys; from fedpsa_jax import sweep; "
+          f"r = sweep.run_member(json.load(open({str(tmp_path / 'member.json')!r})), {run_dir!r}); "
+          "print(r['sweep_action'], 'jax' in sys.modules)")
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                        env={**os.environ, "PYTHONPATH": ROOT})
+  assert done.stdout.split() == ["skipped", "False"], done.stderr[-2000:]
