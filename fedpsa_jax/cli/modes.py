@@ -13,7 +13,8 @@ jax.profiler trace (TensorBoard / Perfetto) to WORKDIR/trace with one named scop
 sweep: the config is a sweep config (configs/paper/*.py); every member runs into WORKDIR/runs/<member>
 (default WORKDIR: runs/<config>[-<arg>]), skipping finished members, so rerunning the same command resumes an
 interrupted sweep. `executor="local"` runs them one after another here; `"ray"` runs each as a Ray task on
-the cluster at `ray_address` (None: a local Ray instance). `records`: a directory that also keeps each finished
+the cluster at `ray_address` (None: a local Ray instance), each asking for `ray_cpus_per_member` CPUs and
+`ray_gpus_per_member` of a GPU (`sweep_lib.RayResources`). `records`: a directory that also keeps each finished
 member's record (no checkpoints) and restores it on a fresh machine (fedpsa_jax/sweep.py). Exit code 1 if a
 member failed.
 
@@ -54,6 +55,8 @@ class Options:
   resume: bool = False
   executor: str = "local"
   ray_address: str | None = None
+  ray_cpus_per_member: int | None = None  # None: not given (sweep_lib.RayResources's default)
+  ray_gpus_per_member: float | None = None  # None: not given (the default share on a cluster with GPUs)
   compilation_cache: str | None = None  # None: WORKDIR/jax_cache; '': none
   records: str | None = None  # `--records`: sweep only; the finished members' records kept there as well
   profile_trace: bool = False
@@ -103,12 +106,28 @@ def run_sweep(config: ml_collections.ConfigDict, options: Options) -> int:
   cache = options.compilation_cache
   cache = os.path.join(workdir, "jax_cache") if cache is None else cache
   results = sweep_lib.run(config, workdir, options.executor, options.ray_address, compilation_cache=cache or None,
-                          records_dir=options.records)
+                          records_dir=options.records, resources=ray_resources(options))
   failed = [name for name, s in results.items() if s.get("sweep_action") == "failed"]
   print(f"sweep {config.name}: {len(results) - len(failed)}/{len(results)} members done in {workdir}"
         + (f"; failed: {', '.join(failed)}" if failed else "")
         + f"\nreport: python launch.py --mode=report --workdir={workdir}")
   return cli.EXIT_FAILED if failed else cli.EXIT_OK
+
+
+def ray_resources(options: Options) -> sweep_lib.RayResources:
+  """What each member's Ray task asks for, from `--ray_cpus_per_member` and `--ray_gpus_per_member`; ConfigError
+  when one is invalid, or given without --mode=sweep --executor=ray."""
+  given = [f"--{name}" for name in ("ray_cpus_per_member", "ray_gpus_per_member") if getattr(options, name) is not None]
+  if given and (options.mode != "sweep" or options.executor != "ray"):
+    raise config_lib.ConfigError(f"{given[0]} is only for --mode=sweep --executor=ray; allowed: those, or no "
+                                 f"{given[0]}")
+  resources = sweep_lib.RayResources(
+      **({"cpus": options.ray_cpus_per_member} if options.ray_cpus_per_member is not None else {}),
+      gpus=options.ray_gpus_per_member)
+  problems = resources.problems()
+  if problems:
+    raise config_lib.ConfigError(problems[0])
+  return resources
 
 
 def run_mode(config: ml_collections.ConfigDict, options: Options, more_modes: Mapping[str, Mode] = NO_MORE_MODES) -> int:
@@ -122,6 +141,7 @@ def run_mode(config: ml_collections.ConfigDict, options: Options, more_modes: Ma
                                  "--mode=sweep --records=DIR, or no --records")
   if options.records == "":
     raise config_lib.ConfigError("--records= is empty; allowed: a directory, or no --records")
+  ray_resources(options)  # (the Ray flags checked before any mode starts)
   if options.mode in more_modes:
     return more_modes[options.mode](config, options)
   if options.mode not in MODES:
