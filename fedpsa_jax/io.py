@@ -135,8 +135,9 @@ def refuse_links(folder: str, names: Iterable[str], flag: str = "--workdir") -> 
   except OSError:
     target = "?"
   raise ConfigError(f"{flag}={folder!r} holds {os.path.relpath(link, folder)} as a symbolic link (to {target!r}), "
-                    "which this tool would write through, out of the folder it was given; allowed: entries of "
-                    f"the folder's own (remove the link {link!r}, or replace it by a copy), or another {flag}")
+                    "which this tool would follow out of the folder it was given (it writes, moves and deletes only "
+                    f"inside it); allowed: entries of the folder's own (remove the link {link!r}, or replace it by a "
+                    f"copy), or another {flag}")
 
 
 def write_json_atomic(path: str, obj: Any) -> None:

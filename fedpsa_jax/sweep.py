@@ -26,7 +26,10 @@ metrics and events, not its checkpoints) is also kept in DIR/runs/<member>, and 
 done for its config starts done (`restore_records`): DIR, small enough to commit, is a sweep directory the report
 reads, and it carries a sweep's finished members to a fresh machine (docs/results.md keeps its sweeps so).
 A running sweep holds `SWEEP_DIR/.lock` (`locked`) from writing sweep.json to its last member: a second
-sweep on the same directory is refused at once (ConfigError), never run beside it.
+sweep on the same directory is refused at once (ConfigError), never run beside it. Before any of that, a symbolic
+link among what the sweep writes in either directory (`SWEEP_WRITES`, `RECORDS_WRITES`: every member's files
+included) is refused (`check_dirs`), and records are copied with links kept as links: a record's file linked
+elsewhere never brings the file it points to into a sweep or a records directory.
 
 Expanding a sweep imports no JAX by itself; validating its members loads the strategies (which do).
 """

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from fedpsa_jax.data import limits
-from fedpsa_jax.errors import DataError
+from fedpsa_jax.errors import DataError, UserError
 
 REQUIRED_KEYS = ("x_train", "y_train", "x_test", "y_test")
 OPTIONAL_KEYS = ("num_classes",)
@@ -88,7 +88,7 @@ def read_npz(path: str, on_image_shape: Callable[[Sequence[int]], None] | None =
                         f"allowed: {_allowed_keys()}")
       _check_headers(_headers(f), where, on_image_shape)
       arrays = {key: f[key] for key in keys}
-  except DataError:
+  except UserError:  # (a DataError, or the caller's ConfigError from `on_image_shape`)
     raise
   except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:  # (not a zip, cut short, a damaged member)
     raise DataError(f"{where} cannot be read as an .npz of numeric arrays ({err}); allowed: a file written by "

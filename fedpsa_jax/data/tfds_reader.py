@@ -120,6 +120,8 @@ def layout_of(spec: Any, splits: tuple[str, ...], where: str) -> Layout:
   classes), or is not a spec of that form at all (a list or a number where an object belongs)."""
   try:
     layout = _layout_of(spec, splits, where)
+  except DataError:
+    raise
   except (AttributeError, TypeError, ValueError, KeyError) as err:
     raise DataError(f"{where}: its features.json is not a tfds feature spec ({type(err).__name__}: {err}); allowed: "
                     "the features.json tfds wrote when it prepared the dataset") from None

@@ -15,19 +15,18 @@ from __future__ import annotations
 import io as std_io
 import json
 import os
-import shutil
 import zipfile
 
 import numpy as np
 import pytest
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax.data import cache, sources
+from fedpsa_jax.data import sources
 from fedpsa_jax.errors import DataError
 from fedpsa_jax.sim import build
-from helpers import ROOT, small_config
+from helpers import small_config
+from test_sources import colour  # noqa: F401  (the fixture: a private copy of the colour_digits folder)
 
-COLOUR = os.path.join(ROOT, "tests", "fixtures", "tensorflow_datasets", "colour_digits", "1.0.0")
 SHARD = "colour_digits-train.array_record-00000-of-00001"
 
 
@@ -113,15 +112,6 @@ def test_channel_statistics_of_large_images_are_taken_a_few_at_a_time_and_equal_
   reference = x.reshape(-1, 3).astype(np.float64) / 255
   np.testing.assert_allclose(mean, reference.mean(axis=0), rtol=1e-12)
   np.testing.assert_allclose(std, reference.std(axis=0), rtol=1e-12)
-
-
-@pytest.fixture
-def colour(tmp_path, monkeypatch):
-  """A private copy of the colour_digits folder and an empty decode cache."""
-  monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
-  copy = tmp_path / "tfds" / "colour_digits" / "1.0.0"
-  shutil.copytree(COLOUR, copy)
-  return str(copy)
 
 
 def _cut(folder: str) -> None:
