@@ -20,7 +20,9 @@ import sys
 import pytest
 
 from fedpsa_jax import io, sweep
-from helpers import ROOT
+from fedpsa_jax.cli import modes
+from fedpsa_jax.errors import ConfigError
+from helpers import ROOT, small_config
 
 RUN = ["--config=configs/default.py", "--config.model.name=linear", "--config.partition.num_clients=10",
        "--config.sim.virtual_days=0.005", "--config.eval.every_days=0.005", "--config.runtime.progress=False",
@@ -160,6 +162,16 @@ def test_a_records_member_file_that_is_a_link_is_never_copied(tmp_path, elsewher
   copies = [path for path, content in snapshot(tmp_path).items() if content == b"PRIVATE KEY\n"]
   assert copies == [str(elsewhere / "secret")]
   assert os.path.islink(os.path.join(member, "events.jsonl"))
+
+
+def test_profile_refuses_a_linked_trace_folder(tmp_path, elsewhere):
+  """--mode=profile writes WORKDIR/profile.json and, with --profile_trace, WORKDIR/trace/: refused before profiling."""
+  workdir = tmp_path / "profile"
+  workdir.mkdir()
+  os.symlink(elsewhere / "rep", workdir / "trace")
+  with pytest.raises(ConfigError, match=r"holds trace as a symbolic link"):
+    modes.profile(small_config("fedbuff"), str(workdir), trace=True)
+  assert os.listdir(elsewhere / "rep") == [] and os.listdir(workdir) == ["trace"]
 
 
 def test_copies_of_records_keep_links_as_links(tmp_path, elsewhere):
