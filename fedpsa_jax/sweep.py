@@ -26,7 +26,10 @@ metrics and events, not its checkpoints) is also kept in DIR/runs/<member>, and 
 done for its config starts done (`restore_records`): DIR, small enough to commit, is a sweep directory the report
 reads, and it carries a sweep's finished members to a fresh machine (docs/results.md keeps its sweeps so).
 A running sweep holds `SWEEP_DIR/.lock` (`locked`) from writing sweep.json to its last member: a second
-sweep on the same directory is refused at once (ConfigError), never run beside it.
+sweep on the same directory is refused at once (ConfigError), never run beside it. Before any of that, a symbolic
+link among what the sweep writes in either directory (`SWEEP_WRITES`, `RECORDS_WRITES`: every member's files
+included) is refused (`check_dirs`), and records are copied with links kept as links: a record's file linked
+elsewhere never brings the file it points to into a sweep or a records directory.
 Both executors hand their members' outcomes to one loop (`_collect`: failures, a full disk, records, the log).
 On Ray each member is a task of its own process that asks for `RayResources` (CPUs, a share of one GPU with JAX's
 memory capped to it) and runs again, from its checkpoint, when its node is lost (docs/reproducing.md, "On a
@@ -63,6 +66,10 @@ FINISHED = ("completed", "diverged")  # the run statuses whose record is kept (`
 LOCK_FILE = io.LOCK_FILE
 RUNS_DIR = "runs"
 EXECUTORS = ("local", "ray")
+# What a sweep writes, moves or deletes in its directory and in a records directory (the folders with all they
+# hold: every member's run directory): none may be a symbolic link (`io.refuse_links`).
+SWEEP_WRITES = (LOCK_FILE, SWEEP_FILE, SWEEP_FILE + io.TMP_SUFFIX, RUNS_DIR)
+RECORDS_WRITES = (SWEEP_FILE, SWEEP_FILE + io.TMP_SUFFIX, RUNS_DIR)
 _LABEL = re.compile(r"^[A-Za-z0-9._+-]+$")  # labels become directory names: keep them portable
 # Every member is a full run (minutes to days) expanded, validated and listed in sweep.json before the first
 # one starts: beyond these counts a sweep is a typo (`seeds=1e9`), refused before anything is expanded. The
@@ -261,6 +268,7 @@ def check_records_dir(records_dir: str, sweep: ml_collections.ConfigDict, sweep_
                       "records are a copy of the finished members, without their checkpoints)")
   if os.path.lexists(records_dir) and not os.path.isdir(records_dir):
     raise ConfigError(f"--records={records_dir!r} is not a directory; allowed: a directory (made if missing)")
+  io.refuse_links(records_dir, RECORDS_WRITES, "--records")  # (a member's file linked elsewhere is never copied)
   if not os.path.exists(os.path.join(records_dir, SWEEP_FILE)):
     return
   try:
@@ -271,6 +279,18 @@ def check_records_dir(records_dir: str, sweep: ml_collections.ConfigDict, sweep_
   if kept != sweep.name:
     raise ConfigError(f"--records={records_dir!r} holds the records of sweep {kept!r}, not of {sweep.name!r}; "
                       "allowed: the records directory of this sweep, or a new one")
+
+
+def check_dirs(sweep: ml_collections.ConfigDict, sweep_dir: str, records_dir: str | None,
+               compilation_cache: str | None) -> None:
+  """ConfigError before any work when the sweep directory holds an entry the sweep writes through that is a symbolic
+  link (`SWEEP_WRITES`, every member's run directory included, and the compilation cache when it lies in there), or
+  when `records_dir` cannot keep this sweep's records (`check_records_dir`)."""
+  cache = [os.path.relpath(compilation_cache, sweep_dir)] if compilation_cache and os.path.abspath(
+      os.path.dirname(compilation_cache)) == os.path.abspath(sweep_dir) else []
+  io.refuse_links(sweep_dir, (*SWEEP_WRITES, *cache))
+  if records_dir:
+    check_records_dir(records_dir, sweep, sweep_dir)
 
 
 def save_record(run_dir: str, records_dir: str, name: str) -> bool:
@@ -288,8 +308,8 @@ def save_record(run_dir: str, records_dir: str, name: str) -> bool:
       shutil.rmtree(leftover, ignore_errors=True)
     os.makedirs(fresh)
     for file in RECORD_FILES:
-      if os.path.exists(os.path.join(run_dir, file)):
-        shutil.copy2(os.path.join(run_dir, file), fresh)
+      if os.path.exists(os.path.join(run_dir, file)):  # (a link, made since the check, is copied as a link)
+        shutil.copy2(os.path.join(run_dir, file), fresh, follow_symlinks=False)
     if os.path.exists(target):
       os.replace(target, stale)
     os.replace(fresh, target)
@@ -310,7 +330,7 @@ def restore_records(records_dir: str, sweep_dir: str, members: Sequence[Member])
       continue
     try:
       shutil.rmtree(f"{run_dir}.new", ignore_errors=True)  # (a copy an interrupted restore left)
-      shutil.copytree(record, f"{run_dir}.new")
+      shutil.copytree(record, f"{run_dir}.new", symlinks=True)  # (links as links, never their targets)
       os.replace(f"{run_dir}.new", run_dir)
     except OSError as err:
       raise OutputWriteError.of(err, err.filename or run_dir) from None
@@ -375,8 +395,7 @@ def run_local(sweep: ml_collections.ConfigDict, sweep_dir: str, log: Callable[[s
   in axis order. A failed member, a full disk and `records_dir`: as `_collect` says. An interruption
   (KeyboardInterrupt) stops the sweep; rerunning resumes (finished members are skipped)."""
   members = expand(sweep)
-  if records_dir:
-    check_records_dir(records_dir, sweep, sweep_dir)
+  check_dirs(sweep, sweep_dir, records_dir, compilation_cache)
   with locked(sweep_dir, sweep.name):
     write_sweep_json(sweep, members, sweep_dir)
     _open_records(sweep, members, sweep_dir, records_dir, log)
@@ -475,8 +494,7 @@ def run_ray(sweep: ml_collections.ConfigDict, sweep_dir: str, address: str | Non
     raise ConfigError("--executor=ray needs the ray package (pip install ray); allowed: --executor=local, "
                                  "or install ray") from err
   members = expand(sweep)  # (every member validated before Ray starts)
-  if records_dir:
-    check_records_dir(records_dir, sweep, sweep_dir)
+  check_dirs(sweep, sweep_dir, records_dir, compilation_cache)
   with locked(sweep_dir, sweep.name):
     return _run_ray_members(ray, sweep, members, sweep_dir, address, resources, log, compilation_cache, records_dir)
 

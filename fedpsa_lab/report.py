@@ -197,6 +197,7 @@ def build(workdir: str, layout: dict[str, Any] | None = None) -> list[str]:
   A file of the directory that cannot be read, or is not what a run or sweep writes, is an
   `errors.DamagedRunFile` naming it (the readers in `io`); a report file that cannot be written (a
   read-only or full file system) an `errors.OutputWriteError`."""
+  io.refuse_links(workdir, (REPORT_DIR,))  # (the report is written, and its old files replaced, in there)
   try:
     if os.path.exists(os.path.join(workdir, sweep_lib.SWEEP_FILE)):
       return sweep_report(workdir, layout)

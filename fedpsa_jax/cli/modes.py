@@ -86,6 +86,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool) -> int:
 def profile(config: ml_collections.ConfigDict, workdir: str, *, trace: bool = False, repeats: int = 5) -> int:
   """The profile mode: the table on stdout, the rows in WORKDIR/profile.json."""
   config_lib.validate(config)
+  io.refuse_links(workdir, ("profile.json", "profile.json" + io.TMP_SUFFIX, "trace"))
   os.makedirs(workdir, exist_ok=True)
   trace_dir = os.path.join(workdir, "trace") if trace else None
   rows = profiling.profile(config, repeats=repeats, trace_dir=trace_dir)
