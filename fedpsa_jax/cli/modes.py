@@ -153,14 +153,20 @@ def run_mode(config: ml_collections.ConfigDict, options: Options) -> int:
 
 def main(config: ml_collections.ConfigDict, options: Options) -> int:
   """Runs the mode with SIGINT / SIGTERM handled (one line, status `interrupted`, exit 130 / 143; more signals
-  while it stops or exits change neither): the process's exit code. Installs signal handlers, so call it from
-  a command line, not a notebook."""
+  while it stops or exits change neither): the process's exit code. A stopped run ends the process here
+  (`signals.end_process`: no interpreter finalization). Installs signal handlers, so call it from a command
+  line, not a notebook."""
   signals.handle_signals()
   if not options.verbose:
     quiet_library_logs()
   code = cli.exit_code_of(lambda: run_mode(config, options))
   signals.exit_on_signal(code)
+  if code in STOPPED_BY_SIGNAL:
+    signals.end_process(code)
   return code
+
+
+STOPPED_BY_SIGNAL = tuple(cli.exit_code_for_signal(s) for s in signals.SIGNALS)
 
 
 # Warnings that ask nothing of a user: tfds's advice to install OpenCV for faster decoding (a split is
