@@ -303,3 +303,24 @@ def test_the_ray_executor_submits_seed_by_seed_and_keeps_records(tmp_path, fake_
   assert list(results) == ["method=fedbuff,seed=0", "method=fedbuff,seed=1", "method=fedpsa,seed=0",
                            "method=fedpsa,seed=1"]
   assert sorted(os.listdir(os.path.join(records, "runs"))) == sorted(results)
+
+
+@pytest.mark.parametrize("given", [None, "mine"])
+def test_a_compilation_cache_that_is_a_file_is_refused_in_one_line_before_any_member(tmp_path, given):
+  """A file named jax_cache in a sweep folder (the default cache) failed every member, with nothing on stderr."""
+  import io as std_io
+
+  from fedpsa_jax import cli
+  from fedpsa_jax.cli import modes
+  workdir = tmp_path / "sweep"
+  workdir.mkdir()
+  cache = workdir / "jax_cache" if given is None else tmp_path / given
+  cache.write_text("not a directory")
+  stderr = std_io.StringIO()
+  code = cli.exit_code_of(lambda: modes.run_sweep(_tiny_sweep(), modes.Options(
+      "tiny", mode="sweep", workdir=str(workdir), compilation_cache=None if given is None else str(cache))),
+                          stderr=stderr)
+  assert code == 2 and stderr.getvalue() == (
+      f"--compilation_cache={str(cache)!r} is not a directory (default: WORKDIR/jax_cache); allowed: a directory "
+      "(made if missing), another --compilation_cache, or --compilation_cache='' for none\n")
+  assert os.listdir(workdir) == (["jax_cache"] if given is None else [])  # no member, no sweep.json

@@ -96,6 +96,10 @@ def run_sweep(config: ml_collections.ConfigDict, options: Options) -> int:
   workdir = options.workdir or run_name.sweep_workdir(options.config_path)
   cache = options.compilation_cache
   cache = os.path.join(workdir, "jax_cache") if cache is None else cache
+  if cache and os.path.lexists(cache) and not os.path.isdir(cache):  # (every member would fail on it)
+    raise config_lib.ConfigError(
+        f"--compilation_cache={cache!r} is not a directory (default: WORKDIR/jax_cache); allowed: a directory "
+        "(made if missing), another --compilation_cache, or --compilation_cache='' for none")
   results = sweep_lib.run(config, workdir, options.executor, options.ray_address, compilation_cache=cache or None,
                           records_dir=options.records)
   failed = [name for name, s in results.items() if s.get("sweep_action") == "failed"]
