@@ -66,11 +66,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool) -> int:
                                  "allowed: the workdir of an earlier run, or no --resume for a new run")
   simulation = runner.Simulation(config, workdir)
   if simulation.resumed_from is not None:
-    print(f"resuming {workdir} from its checkpoint at day "
-          f"{simulation.resumed_from / config_lib.UNITS_PER_DAY:.4f} (status {simulation.status})")
+    cli.say(f"resuming {workdir} from its checkpoint at day "
+            f"{simulation.resumed_from / config_lib.UNITS_PER_DAY:.4f} (status {simulation.status})")
   summary = simulation.run()
-  print(runner.summary_line(summary))
-  print(f"outputs in {workdir}")
+  cli.say(runner.summary_line(summary))
+  cli.say(f"outputs in {workdir}")
   return cli.EXIT_OK if summary["status"] == "completed" else cli.EXIT_FAILED
 
 
@@ -80,10 +80,10 @@ def profile(config: ml_collections.ConfigDict, workdir: str, *, trace: bool = Fa
   os.makedirs(workdir, exist_ok=True)
   trace_dir = os.path.join(workdir, "trace") if trace else None
   rows = profiling.profile(config, repeats=repeats, trace_dir=trace_dir)
-  print(profiling.format_table(rows))
+  cli.say(profiling.format_table(rows))
   io.write_json_atomic(os.path.join(workdir, "profile.json"), rows)
-  print(f"profile written to {os.path.join(workdir, 'profile.json')}"
-        + (f", trace to {trace_dir}" if trace_dir else ""))
+  cli.say(f"profile written to {os.path.join(workdir, 'profile.json')}"
+          + (f", trace to {trace_dir}" if trace_dir else ""))
   return cli.EXIT_OK
 
 
@@ -101,11 +101,11 @@ def run_sweep(config: ml_collections.ConfigDict, options: Options) -> int:
         f"--compilation_cache={cache!r} is not a directory (default: WORKDIR/jax_cache); allowed: a directory "
         "(made if missing), another --compilation_cache, or --compilation_cache='' for none")
   results = sweep_lib.run(config, workdir, options.executor, options.ray_address, compilation_cache=cache or None,
-                          records_dir=options.records)
+                          records_dir=options.records, log=cli.say)
   failed = [name for name, s in results.items() if s.get("sweep_action") == "failed"]
-  print(f"sweep {config.name}: {len(results) - len(failed)}/{len(results)} members done in {workdir}"
-        + (f"; failed: {', '.join(failed)}" if failed else "")
-        + f"\nreport: python launch.py --mode=report --workdir={workdir}")
+  cli.say(f"sweep {config.name}: {len(results) - len(failed)}/{len(results)} members done in {workdir}"
+          + (f"; failed: {', '.join(failed)}" if failed else "")
+          + f"\nreport: python launch.py --mode=report --workdir={workdir}")
   return cli.EXIT_FAILED if failed else cli.EXIT_OK
 
 
@@ -123,7 +123,7 @@ def run_report(workdir: str | None, config: ml_collections.ConfigDict | None = N
     written = report.build(workdir, layout)
   except report.ReportError as err:  # (report.py's own error type: bad input as well)
     raise errors.UserError(str(err)) from None
-  print("\n".join(["report written:", *written]))
+  cli.say("\n".join(["report written:", *written]))
   return cli.EXIT_OK
 
 
@@ -161,6 +161,7 @@ def main(config: ml_collections.ConfigDict, options: Options) -> int:
   (`signals.end_process`: no interpreter finalization). Installs signal handlers, so call it from a command
   line, not a notebook."""
   signals.handle_signals()
+  cli.readable_streams()
   if not options.verbose:
     quiet_library_logs()
   code = cli.exit_code_of(lambda: run_mode(config, options))

@@ -8,6 +8,7 @@ the run to the metrics of an uninterrupted one.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,3 +105,55 @@ def test_a_stop_at_any_moment_is_one_line_its_code_and_a_rerun_completes_the_run
   _, err = rerun.communicate(timeout=300)
   assert rerun.returncode == 0, err[-3000:]
   assert outputs(workdir) == uninterrupted
+
+
+# --- streams and files a finished or starting run meets -------------------------------------------------------
+
+TINY = ["--config.model.name=linear", "--config.partition.num_clients=10", "--config.sim.virtual_days=0.005",
+        "--config.runtime.progress=False"]
+
+
+@pytest.mark.parametrize("stdout", ["closed by its reader", "ASCII only"])
+def test_a_completed_run_exits_0_whatever_its_stdout_can_take(stdout, tmp_path):
+  """`launch.py ... | head -c 0`, and a non-ASCII --workdir printed to an ASCII stdout, ended a completed run in
+  a traceback and exit 1."""
+  workdir = tmp_path / ("r\u00fcn" if stdout == "ASCII only" else "run")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", **({"PYTHONIOENCODING": "ascii"} if stdout == "ASCII only" else {})}
+  proc = subprocess.Popen([sys.executable, "launch.py", *TINY, f"--workdir={workdir}"], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  if stdout == "closed by its reader":
+    proc.stdout.close()
+    out = b""
+  else:
+    out = proc.stdout.read()
+  stderr = proc.stderr.read().decode()
+  assert proc.wait(timeout=300) == 0, stderr[-3000:]
+  assert "Traceback" not in stderr and io.read_summary(workdir)["status"] == "completed"
+  if stdout == "ASCII only":
+    assert out.decode("ascii").splitlines()[-1] == f"outputs in {tmp_path}/r\\xfcn"
+
+
+def test_an_unreadable_newest_checkpoint_is_one_line_and_exit_2(tmp_path):
+  """Seen by a user who may not read it (root without its override of file permissions): it was an 85-line
+  PermissionError from orbax, after a `checkpoints_corrupt/` was made for it."""
+  setpriv = shutil.which("setpriv")
+  if setpriv is None or os.geteuid() != 0:
+    pytest.skip("needs root and setpriv (to drop root's permission override), or a user who is not root")
+  workdir = tmp_path / "run"
+  done = subprocess.run([sys.executable, "launch.py", *TINY, f"--workdir={workdir}"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert done.returncode == 0, done.stderr[-3000:]
+  newest = max((workdir / "checkpoints").iterdir(), key=lambda p: int(p.name))
+  os.chmod(newest, 0)
+  try:
+    proc = subprocess.run([setpriv, "--bounding-set", "-dac_override,-dac_read_search", sys.executable, "launch.py",
+                           *TINY, f"--workdir={workdir}"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  finally:
+    os.chmod(newest, 0o755)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert proc.stderr.strip() == (
+      f"--workdir={str(workdir)!r} holds checkpoints/{newest.name}, which this user cannot read and write; allowed: "
+      f"a run directory this user can read and write (give it access to {str(newest)!r}), or another --workdir")
+  assert sorted(os.listdir(workdir)) == sorted(["checkpoints", "config.json", "metrics.jsonl", "summary.json",
+                                                ".lock"])
