@@ -75,13 +75,14 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool) -> int:
 
 
 def profile(config: ml_collections.ConfigDict, workdir: str, *, trace: bool = False, repeats: int = 5) -> int:
-  """The profile mode: the table on stdout, the rows in WORKDIR/profile.json."""
+  """The profile mode: the table on stdout, the rows and their provenance in WORKDIR/profile.json."""
   config_lib.validate(config)
   os.makedirs(workdir, exist_ok=True)
   trace_dir = os.path.join(workdir, "trace") if trace else None
   rows = profiling.profile(config, repeats=repeats, trace_dir=trace_dir)
-  cli.say(profiling.format_table(rows))
-  io.write_json_atomic(os.path.join(workdir, "profile.json"), rows)
+  origin = profiling.provenance_of(config, repeats)
+  cli.say(profiling.format_table(rows, origin))
+  io.write_json_atomic(os.path.join(workdir, "profile.json"), {"provenance": origin, "rows": rows})
   cli.say(f"profile written to {os.path.join(workdir, 'profile.json')}"
           + (f", trace to {trace_dir}" if trace_dir else ""))
   return cli.EXIT_OK
