@@ -7,7 +7,8 @@ For the configured model and data, each piece is compiled once, then reported wi
   looped pieces through loop-free twins (FedPSA's factored Fisher: `conv_loop='batched'`, the same matmuls);
 - `temp_mb`: the largest temporary buffer allocation of its compiled programs (memory analysis);
 - `compile_s`: the seconds XLA spent compiling the piece's timed call, in its warm-up call (JAX's
-  `/jax/core/compile/backend_compile_duration` events, through `jax.monitoring`);
+  `/jax/core/compile/backend_compile_duration` events, through `jax.monitoring`), or, where the warm-up compiled
+  nothing (the costing, or the run's build, had compiled it already), the costing's compile seconds;
 - `ms`: the median wall time over `repeats` calls after that warm-up, each ended by `block_until_ready`, and
   `ms_min` / `ms_max`, their spread.
 
@@ -45,13 +46,15 @@ BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 def compiled_cost(fn: Callable, *args) -> dict[str, float]:
-  """FLOPs, bytes accessed and temporary memory of `jax.jit(fn)(*args)` as compiled here."""
-  compiled = jax.jit(fn).lower(*args).compile()
-  cost = compiled.cost_analysis()
+  """FLOPs, bytes accessed and temporary memory of `jax.jit(fn)(*args)` as compiled here, and the seconds XLA
+  spent compiling it (`compile_seconds`)."""
+  compiled: list[Any] = []
+  seconds = compile_seconds(lambda: compiled.append(jax.jit(fn).lower(*args).compile()))
+  cost = compiled[0].cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
-  memory = compiled.memory_analysis()
+  memory = compiled[0].memory_analysis()
   return {"flops": float(cost.get("flops", 0.0)), "bytes": float(cost.get("bytes accessed", 0.0)),
-          "temp_bytes": float(getattr(memory, "temp_size_in_bytes", 0) or 0)}
+          "temp_bytes": float(getattr(memory, "temp_size_in_bytes", 0) or 0), "compile_seconds": seconds}
 
 
 def compile_seconds(call: Callable[[], Any]) -> float:
@@ -95,13 +98,14 @@ def _row(name: str, cost: dict[str, float], compile_s: float, times: Sequence[fl
 
 
 def _scaled(cost: dict[str, float], times: float) -> dict[str, float]:
-  return {"flops": cost["flops"] * times, "bytes": cost["bytes"] * times, "temp_bytes": cost["temp_bytes"]}
+  return {**cost, "flops": cost["flops"] * times, "bytes": cost["bytes"] * times}
 
 
 def _summed(costs: Iterable[dict[str, float]]) -> dict[str, float]:
   costs = list(costs)
   return {"flops": sum(c["flops"] for c in costs), "bytes": sum(c["bytes"] for c in costs),
-          "temp_bytes": max((c["temp_bytes"] for c in costs), default=0.0)}
+          "temp_bytes": max((c["temp_bytes"] for c in costs), default=0.0),
+          "compile_seconds": sum(c.get("compile_seconds", 0.0) for c in costs)}
 
 
 class Profiler:
@@ -122,8 +126,10 @@ class Profiler:
   cost = staticmethod(compiled_cost)  # (for the plug-ins, which do not import this module)
 
   def add(self, name: str, cost: dict[str, float], call: Callable[[], Any], **extra) -> dict[str, Any]:
-    """A row for piece `name`: `cost`, the compile time of `call`'s warm-up, and `repeats` timed calls."""
-    row = _row(name, cost, compile_seconds(call), call_seconds(call, self.repeats), **extra)
+    """A row for piece `name`: `cost`, the compile time of `call`'s warm-up, and `repeats` timed calls. A warm-up
+    that compiled nothing ran the program `cost` compiled (the same function and arguments): its compile time."""
+    warm_up = compile_seconds(call)
+    row = _row(name, cost, warm_up or cost.get("compile_seconds", 0.0), call_seconds(call, self.repeats), **extra)
     self.rows.append(row)
     self.calls.append((name, call))
     return row
