@@ -21,7 +21,11 @@ from __future__ import annotations
 import os
 import sys
 
-from fedpsa_jax.cli import host_devices
+from fedpsa_jax import signals
+
+signals.exit_while_starting()  # a Ctrl-C while the libraries load: one line, not the traceback of an import
+
+from fedpsa_jax.cli import host_devices  # noqa: E402
 
 host_devices.force_host_devices(sys.argv)  # before JAX is imported: XLA reads XLA_FLAGS once
 

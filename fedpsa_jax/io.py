@@ -55,6 +55,7 @@ LOCK_FILE = ".lock"  # one lock file per directory, whoever claims it (a run or 
 # would otherwise start over beside what it cannot read, or fail half-way with its outputs cut back.
 RUN_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, EVENTS_FILE, LOCK_FILE)
 RUN_DIRS = (CHECKPOINTS_DIR, CORRUPT_CHECKPOINTS_DIR)
+TENSORBOARD_DIR = "tensorboard"  # RUN_DIR/tensorboard: the event files of runtime.tensorboard
 # The fields of a metrics.jsonl line that every reader draws with (a learning curve: accuracy against days),
 # and the types their values may have; every evaluation writes them (`sim.runner`), with more.
 METRICS_FIELDS = {"day": (int, float), "test_accuracy": (int, float)}
@@ -318,11 +319,12 @@ def read_run(run_dir: str | os.PathLike, events: bool = True) -> RunRecord:
                    read_events(run_dir) if events else [])
 
 
-def check_run_entries(path: str) -> None:
+def check_run_entries(path: str, extra_dirs: Iterable[str] = ()) -> None:
   """ConfigError, before anything in it is read or written, when the run directory `path` holds one of a run's
-  entries (`RUN_FILES`, `RUN_DIRS`) as the other kind (a directory where a run writes a file, a file where it
-  keeps a directory, or neither) or as one this user cannot read and write."""
-  for name, want_dir in [(n, False) for n in RUN_FILES] + [(n, True) for n in RUN_DIRS]:
+  entries (`RUN_FILES`, `RUN_DIRS`, and `extra_dirs`: the folders this run's options add) as the other kind (a
+  directory where a run writes a file, a file where it keeps a directory, or neither) or as one this user
+  cannot read and write (a folder: anything in it)."""
+  for name, want_dir in [(n, False) for n in RUN_FILES] + [(n, True) for n in (*RUN_DIRS, *extra_dirs)]:
     entry = os.path.join(path, name)
     if not os.path.lexists(entry):
       continue
@@ -332,9 +334,46 @@ def check_run_entries(path: str) -> None:
     if have != want:
       raise ConfigError(f"--workdir={path!r} holds {name} as {have}, where a run keeps {want}; allowed: a run "
                         f"directory as a run leaves it (move {entry!r} away), or another --workdir")
-    if not os.access(entry, os.R_OK | os.W_OK | (os.X_OK if want_dir else 0)):
-      raise ConfigError(f"--workdir={path!r} holds {name}, which this user cannot read and write; allowed: a run "
-                        f"directory this user can read and write (give it access to {entry!r}), or another --workdir")
+    inaccessible = _inaccessible(entry) if want_dir else (
+        None if os.access(entry, os.R_OK | os.W_OK) else entry)
+    if inaccessible is not None:
+      held = os.path.relpath(inaccessible, path)
+      raise ConfigError(f"--workdir={path!r} holds {held}, which this user cannot read and write; allowed: a run "
+                        f"directory this user can read and write (give it access to {inaccessible!r}), or another "
+                        "--workdir")
+
+
+def _inaccessible(directory: str) -> str | None:
+  """The first entry under `directory` (itself included) that this user cannot use as a run does: a directory it
+  cannot list, enter and write (a checkpoint is read, and an old one deleted or set aside), or a file it cannot
+  read; None when there is none."""
+  if not os.access(directory, os.R_OK | os.W_OK | os.X_OK):
+    return directory
+  for root, dirs, files in os.walk(directory, onerror=lambda err: None):
+    for name in dirs:
+      if not os.access(os.path.join(root, name), os.R_OK | os.W_OK | os.X_OK):
+        return os.path.join(root, name)
+    for name in files:
+      if not os.access(os.path.join(root, name), os.R_OK):
+        return os.path.join(root, name)
+  return None
+
+
+def make_dirs(path: str) -> None:
+  """`os.makedirs(path, exist_ok=True)`, or nothing: when it fails part-way (a name or a path too long for the
+  file system, a permission further down), the directories it made are removed again before the error
+  propagates, so a refused --workdir leaves no empty folders behind."""
+  missing, parent = [], os.path.abspath(path)
+  while not os.path.lexists(parent) and os.path.dirname(parent) != parent:
+    missing.append(parent)
+    parent = os.path.dirname(parent)
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError:
+    for made in missing:  # (deepest first; one that is not empty, or another process's, stays)
+      with contextlib.suppress(OSError):
+        os.rmdir(made)
+    raise
 
 
 def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
@@ -346,7 +385,7 @@ def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
   Creates the directory; returns whether it had to."""
   created = not os.path.isdir(path)
   try:
-    os.makedirs(path, exist_ok=True)
+    make_dirs(path)
     probe = os.path.join(path, f".write-test-{os.getpid()}")
     with open_no_follow(probe, "w") as f:
       f.write("ok")
@@ -358,7 +397,7 @@ def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
         f"--workdir={path!r} is not writable ({err.strerror or err}); allowed: a directory this user can "
         "create and write") from None
   refuse_links(path, RUN_WRITES)
-  check_run_entries(path)
+  check_run_entries(path, (TENSORBOARD_DIR,) if config.runtime.tensorboard else ())
   try:
     saved = read_config(path)
   except (OSError, ValueError) as err:

@@ -331,3 +331,37 @@ def test_what_a_run_writes_is_never_written_through_a_link_made_while_it_runs(tm
     rundir.lock()
   assert target.read_text() == "someone's notes\n"
   rundir.close()
+
+
+def test_a_workdir_that_cannot_be_made_leaves_no_folders_behind(tmp_path):
+  """A --workdir whose last name is too long for the file system used to leave the 20 folders above it."""
+  top = tmp_path / "top"
+  workdir = os.path.join(top, *["d" * 200] * 20, "x" * 300)  # (names of at most 255 bytes, then one longer)
+  with pytest.raises(ConfigError, match=r"is not writable \(File name too long\)"):
+    io.check_workdir(workdir, small_config("fedbuff"))
+  assert not os.path.exists(top)
+  (tmp_path / "kept").mkdir()  # what existed before stays
+  with pytest.raises(ConfigError):
+    io.check_workdir(os.path.join(tmp_path, "kept", "a", "x" * 300), small_config("fedbuff"))
+  assert os.listdir(tmp_path / "kept") == []
+
+
+def test_a_tensorboard_file_is_refused_before_the_data_is_built_when_the_run_writes_tensorboard(tmp_path):
+  """runtime.tensorboard=True over a file named `tensorboard` failed once the data was built (and only
+  then); a run without it never touches that name."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "tensorboard").write_text("notes")
+  with pytest.raises(ConfigError, match=r"holds tensorboard as a file, where a run keeps a directory"):
+    io.check_workdir(str(workdir), small_config("fedbuff", runtime__tensorboard=True))
+  io.check_workdir(str(workdir), small_config("fedbuff"))
+
+
+def test_a_checkpoint_file_this_user_cannot_read_is_refused_naming_it(tmp_path, monkeypatch):
+  workdir = tmp_path / "run"
+  (workdir / "checkpoints" / "40" / "arrays").mkdir(parents=True)
+  (workdir / "checkpoints" / "40" / "arrays" / "data").write_bytes(b"x")
+  real_access = os.access
+  monkeypatch.setattr(os, "access", lambda path, mode: not str(path).endswith("data") and real_access(path, mode))
+  with pytest.raises(ConfigError, match=r"holds checkpoints/40/arrays/data, which this user cannot read and write"):
+    io.check_workdir(str(workdir), small_config("fedbuff"))

@@ -428,3 +428,24 @@ def test_a_finished_member_is_skipped_without_starting_jax(tmp_path):
   done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
                         env={**os.environ, "PYTHONPATH": ROOT})
   assert done.stdout.split() == ["skipped", "False"], done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("given", [None, "mine"])
+def test_a_compilation_cache_that_is_a_file_is_refused_in_one_line_before_any_member(tmp_path, given):
+  """A file named jax_cache in a sweep folder (the default cache) failed every member, with nothing on stderr."""
+  import io as std_io
+
+  from fedpsa_jax import cli
+  from fedpsa_jax.cli import modes
+  workdir = tmp_path / "sweep"
+  workdir.mkdir()
+  cache = workdir / "jax_cache" if given is None else tmp_path / given
+  cache.write_text("not a directory")
+  stderr = std_io.StringIO()
+  code = cli.exit_code_of(lambda: modes.run_sweep(_tiny_sweep(), modes.Options(
+      "tiny", mode="sweep", workdir=str(workdir), compilation_cache=None if given is None else str(cache))),
+                          stderr=stderr)
+  assert code == 2 and stderr.getvalue() == (
+      f"--compilation_cache={str(cache)!r} is not a directory (default: WORKDIR/jax_cache); allowed: a directory "
+      "(made if missing), another --compilation_cache, or --compilation_cache='' for none\n")
+  assert os.listdir(workdir) == (["jax_cache"] if given is None else [])  # no member, no sweep.json
