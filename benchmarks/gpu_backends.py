@@ -172,7 +172,7 @@ def measure(config: ml_collections.ConfigDict, warmup_days: float, small: bool,
           "updates_per_s": updates / wall, "seconds_per_day": wall / window_days, "peak_bytes": memory,
           "memory_source": memory_source, "compile_seconds": summary["compile_seconds"], "rounds": summary["rounds"],
           "final_accuracy": summary["final_test_accuracy"], "warmed": warmed, "window": window,
-          "memory_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")}
+          "memory_fraction": os.environ.get("XLA_CLIENT_MEM_FRACTION")}
 
 
 def child_argv(member: str, execution: str, loop: str, small: bool, days: float, warmup_days: float,
@@ -201,7 +201,8 @@ def run_together(count: int, member: str, execution: str, loop: str, small: bool
   (`sweep.member_env`), measured over a common window: their results and the aggregate row (see the docstring)."""
   from fedpsa_jax import sweep
 
-  env = {**os.environ, **sweep.member_env(1.0 / count)}
+  env = dict(os.environ)
+  sweep.apply_member_env(env, sweep.member_env(1.0 / count))
   with tempfile.TemporaryDirectory(prefix="together-") as ready:
     argv = child_argv(member, execution, loop, small, days, warmup_days, data_dir, model,
                       (f"--barrier={ready}:{count}",))

@@ -49,7 +49,7 @@ import os
 import re
 import shutil
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, MutableMapping, Sequence
 
 import ml_collections
 
@@ -449,13 +449,24 @@ class RayResources:
     return self.gpus if self.gpus is not None else (DEFAULT_GPU_SHARE if cluster_gpus > 0 else 0.0)
 
 
+MEMORY_FRACTION = "XLA_CLIENT_MEM_FRACTION"  # jaxlib's cap on its allocator, a fraction of the device's memory
+DEPRECATED_MEMORY_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"  # its old name, refused beside the new one
+
+
 def member_env(gpu_share: float) -> dict[str, str]:
   """The environment a member's process runs with for its share of a GPU: no preallocation of the whole device,
   and JAX's allocator capped to GPU_MEMORY_OF_SHARE of the share (both read when JAX starts its GPU backend)."""
   if gpu_share <= 0:
     return {}
-  return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-          "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{GPU_MEMORY_OF_SHARE * gpu_share:.4g}"}
+  return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", MEMORY_FRACTION: f"{GPU_MEMORY_OF_SHARE * gpu_share:.4g}"}
+
+
+def apply_member_env(environ: MutableMapping[str, str], env: Mapping[str, str]) -> None:
+  """Sets `env` (`member_env`) in `environ`; where it caps the memory, a cap under the old name goes (jaxlib
+  refuses both names at once, and the share Ray reserved is the one that holds)."""
+  environ.update(env)
+  if MEMORY_FRACTION in env:
+    environ.pop(DEPRECATED_MEMORY_FRACTION, None)
 
 
 def run_remote_member(env: dict[str, str], host_devices: int, config_json: dict[str, Any], run_dir: str,
@@ -463,7 +474,7 @@ def run_remote_member(env: dict[str, str], host_devices: int, config_json: dict[
   """A member's Ray task: in a fresh worker process (the task's `max_calls=1`: nothing is carried from one member
   to the next), `env` and the host devices are set before JAX starts, then `run_member`. An XLA_FLAGS that already
   sets the host device count wins."""
-  os.environ.update(env)
+  apply_member_env(os.environ, env)
   xla_flags = os.environ.get("XLA_FLAGS", "")
   if host_devices > 1 and "xla_force_host_platform_device_count" not in xla_flags:
     os.environ["XLA_FLAGS"] = f"{xla_flags} --xla_force_host_platform_device_count={host_devices}".strip()

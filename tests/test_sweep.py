@@ -261,7 +261,7 @@ def test_a_sweep_runs_seed_by_seed_and_answers_in_axis_order(tmp_path, fake_runs
       "method=fedbuff,seed=7", "method=fedbuff,seed=3", "method=fedpsa,seed=7", "method=fedpsa,seed=3"]
 
 
-_TASK_ENV = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_FLAGS")
+_TASK_ENV = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_FLAGS")
 
 
 class _Ref:
@@ -341,15 +341,18 @@ def test_each_member_asks_ray_for_its_share_in_a_process_of_its_own(tmp_path, fa
   monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
   for name in _TASK_ENV[:2]:
     monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")  # (a user's cap under the old name)
   ray = _FakeRay(gpus=cluster_gpus)
   config = _tiny_sweep(("fedbuff", "fedpsa"))
   results = sweep._run_ray_members(ray, config, sweep.expand(config), str(tmp_path / "sweep"), None,
                                    sweep.RayResources(cpus=2, gpus=asked), lambda _: None, None, None)
   assert [r["status"] for r in results.values()] == ["completed", "completed"]
   assert ray.options == [{"num_cpus": 2, "num_gpus": share, "max_calls": 1, "max_retries": sweep.MEMBER_RETRIES}] * 2
-  capped = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-            "XLA_PYTHON_CLIENT_MEM_FRACTION": str(round(0.9 * share, 4))} if share else {
-            "XLA_PYTHON_CLIENT_PREALLOCATE": None, "XLA_PYTHON_CLIENT_MEM_FRACTION": None}
+  # (with a share, the old name goes: jaxlib refuses both names at once; without one, the user's cap stays)
+  capped = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_CLIENT_MEM_FRACTION": str(round(0.9 * share, 4)),
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": None} if share else {
+            "XLA_PYTHON_CLIENT_PREALLOCATE": None, "XLA_CLIENT_MEM_FRACTION": None,
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}
   assert ray.seen == [{**capped, "XLA_FLAGS": "--xla_backend_optimization_level=0 "
                        "--xla_force_host_platform_device_count=2"}] * 2
   assert os.environ["XLA_FLAGS"] == "--xla_backend_optimization_level=0"  # (the fake undid it)
