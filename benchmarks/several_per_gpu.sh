@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Several members per GPU, measured: the paper's MNIST and CIFAR-10 members (FedPSA, runtime.execution=loop, the
 # stand-ins when tfds' data is absent) at N = 1, 2, 4, 8 at once on one device (benchmarks/gpu_backends.py
-# --per_device), each a process with a Ray member's 1/N share of the GPU. About 5 minutes of an H100-class GPU.
+# --per_device), each a process with a Ray member's 1/N share of the GPU. Sized for under 10 minutes of one H100-class
+# GPU: 0.03 virtual days per member (after 0.01 of warm-up) is about 5 s of a CIFAR-10 member's training alone at the
+# H100's measured 153 s per virtual day; most of each row is its processes starting and compiling.
 #
 #   OUT=DIR bash benchmarks/several_per_gpu.sh [more gpu_backends.py flags, which win]
 #
