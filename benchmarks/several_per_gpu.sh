@@ -8,7 +8,7 @@
 #   OUT=DIR bash benchmarks/several_per_gpu.sh [more gpu_backends.py flags, which win]
 #
 # Writes DIR/several_per_gpu.txt (the table, row by row, so a stopped run keeps what it measured) and
-# DIR/environment.txt (the GPU, its driver and the Python packages). PYTHON names the interpreter (default: .venv's,
+# DIR/environment.txt (the GPU, its driver, JAX's version and devices). PYTHON names the interpreter (default: .venv's,
 # else python3). The CPU check of this script: `OUT=/tmp/x bash benchmarks/several_per_gpu.sh --small
 # --members=cifar10 --per_device=1,2 --model=tiny_mlp`.
 set -euo pipefail
