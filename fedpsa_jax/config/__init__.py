@@ -20,5 +20,5 @@ from fedpsa_jax.validation import INT64_MAX
 
 __all__ = ["ConfigError", "DataSizes", "FIELD_RULES", "INT64_MAX", "MAX_DAYS", "MOVED_FIELDS", "OVERRIDE_ALIASES",
            "REMOVED_FIELDS", "RUNTIME_SECTION", "SHARED_SECTIONS", "UNITS_PER_DAY", "base_config", "budget_units",
-           "concurrency", "config_errors", "data_errors", "data_path_replaces_name", "eval_every_units", "parse_arg", "runtime_config",
-           "set_fields", "unknown_field", "validate", "validate_data"]
+           "concurrency", "config_errors", "data_errors", "data_path_replaces_name", "eval_every_units", "parse_arg",
+           "runtime_config", "set_fields", "unknown_field", "validate", "validate_data"]
