@@ -138,7 +138,7 @@ def test_ray_executor_gives_the_local_executor_results(tmp_path, monkeypatch):
   monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
   config = _tiny_sweep(("fedbuff", "fedpsa"))
   local = sweep.run_local(config, str(tmp_path / "local"), log=lambda _: None)
-  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",  # (loopback only)
            runtime_env={"env_vars": {"PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}})
   try:
     remote = sweep.run_ray(config, str(tmp_path / "ray"), log=lambda _: None, records_dir=str(tmp_path / "records"))
