@@ -17,7 +17,7 @@ def _fedbuff(k=3, server_lr=0.7):
   cfg.method = "fedbuff"
   cfg.fedbuff.buffer_size = k
   cfg.fedbuff.server_lr = server_lr
-  strategy = FedBuff(cfg, _ctx())
+  strategy = FedBuff(cfg.fedbuff, _ctx())
   return strategy, strategy.init(TINY)
 
 
