@@ -56,33 +56,30 @@ test-avx2: $(STAMP)
 	FEDPSA_TEST_FULL_OPT=1 XLA_FLAGS="$(XLA_FLAGS) --xla_cpu_max_isa=AVX2" $(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal \
 		$(NUMERICS_TESTS) $(ARGS)
 
-# docs/results.md: its three sweeps (hours to a day of a 2-core CPU; rerun to resume, finished members are
-# skipped), then their reports. Each sweep keeps its finished members' records (config, summary, metrics, events;
-# no checkpoints) in docs/results/<sweep>/ (--records), a sweep directory small enough to commit: the reports
-# are drawn from there, and on a fresh clone the sweeps start from them. DATA: a tfds data folder holding the
-# full MNIST prepared (README, "Data"); RESULTS: where the runs themselves (with checkpoints) go; EXECUTOR=ray:
-# members as Ray tasks, one per core at once (on a 2-core CPU, two members at a time).
+# docs/results.md's sweeps (hours to days of a 2-core CPU; rerun to resume: finished members are skipped), then
+# their reports. Each sweep keeps its finished members' records (config, summary, metrics, events; no checkpoints)
+# in results/<sweep>/ (--records), a sweep directory small enough to commit: the reports are drawn from there, and
+# on a fresh clone a sweep starts from them. mnist_full needs the full MNIST prepared in DATA (README, "Data").
+# RESULTS: where the runs themselves (with checkpoints) go; EXECUTOR=ray: members as Ray tasks.
 RESULTS ?= runs/results
 EXECUTOR ?= local
 DATA ?= $(HOME)/tensorflow_datasets
-RESULT_SWEEPS := table1_mnist_5k mnist_full fedpsa_parts
+RESULT_SWEEPS := table1_mnist_5k fedpsa_parts shape_step horizon mnist_full
 results: $(STAMP)
-	$(PY) launch.py --mode=sweep --executor=$(EXECUTOR) --config=configs/results/table1_mnist_5k.py \
-		--workdir=$(RESULTS)/table1_mnist_5k --records=docs/results/table1_mnist_5k
-	$(PY) launch.py --mode=sweep --executor=$(EXECUTOR) --config=configs/results/mnist_full.py:data.data_dir=$(DATA) \
-		--workdir=$(RESULTS)/mnist_full --records=docs/results/mnist_full
-	$(PY) launch.py --mode=sweep --executor=$(EXECUTOR) --config=configs/results/fedpsa_parts.py \
-		--workdir=$(RESULTS)/fedpsa_parts --records=docs/results/fedpsa_parts
+	for s in $(RESULT_SWEEPS); do \
+		arg=$$(test $$s = mnist_full && echo ":data.data_dir=$(DATA)"); \
+		$(PY) launch.py --mode=sweep --executor=$(EXECUTOR) --config=configs/results/$$s.py$$arg \
+			--workdir=$(RESULTS)/$$s --records=results/$$s || exit 1; \
+	done
 	$(MAKE) results-report
 
-# The reports alone, from the records in docs/results/<sweep>/ into docs/results/<sweep>/report/ (of finished or
-# partly finished sweeps: a member not recorded shows as n/a), drawn with the layout of today's
-# configs/results/*.py (records kept before the layout changed need no rerun).
+# The reports alone, from the records in results/<sweep>/ into results/<sweep>/report/ (of finished or partly
+# finished sweeps: a member not recorded shows as n/a), drawn with the layout of today's configs/results/*.py.
 results-report: $(STAMP)
 	for s in $(RESULT_SWEEPS); do \
-		test -f docs/results/$$s/sweep.json || { echo "docs/results/$$s: no records, skipped"; continue; }; \
-		rm -rf docs/results/$$s/report && \
-		$(PY) launch.py --mode=report --workdir=docs/results/$$s --config=configs/results/$$s.py || exit 1; \
+		test -f results/$$s/sweep.json || { echo "results/$$s: no records, skipped"; continue; }; \
+		rm -rf results/$$s/report && \
+		$(PY) launch.py --mode=report --workdir=results/$$s --config=configs/results/$$s.py || exit 1; \
 	done
 
 clean:

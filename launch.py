@@ -21,7 +21,11 @@ from __future__ import annotations
 import os
 import sys
 
-from fedpsa_jax.cli import host_devices
+from fedpsa_jax import signals
+
+signals.exit_while_starting()  # a Ctrl-C while the libraries load: one line, not the traceback of an import
+
+from fedpsa_jax.cli import host_devices  # noqa: E402
 
 host_devices.force_host_devices(sys.argv)  # before JAX is imported: XLA reads XLA_FLAGS once
 
@@ -52,6 +56,13 @@ _RECORDS = flags.DEFINE_string(
     "recorded there start done, e.g. on a fresh machine.")
 _RAY_ADDRESS = flags.DEFINE_string("ray_address", None, "sweep --executor=ray: the cluster address for "
                                    "ray.init(address=...) ('auto': this node's cluster); none: a local instance.")
+_RAY_CPUS = flags.DEFINE_integer(
+    "ray_cpus_per_member", None, "sweep --executor=ray: CPUs each member's task asks for, and its host devices "
+    f"(default {sweep_lib.RayResources.cpus}).")
+_RAY_GPUS = flags.DEFINE_float(
+    "ray_gpus_per_member", None, "sweep --executor=ray: each member's share of one GPU, 0 to 1; its JAX may "
+    f"allocate {sweep_lib.GPU_MEMORY_OF_SHARE:g} of that share of the device's memory (default "
+    f"{sweep_lib.DEFAULT_GPU_SHARE:g} on a cluster with GPUs, 0 without; docs/reproducing.md, \"On a cluster\").")
 flags.DEFINE_integer("host_devices", host_devices.DEFAULT, "CPU only: host devices XLA creates (set before JAX "
                      "starts). 2: both train one client each at a time, the first also serves (one per core of a "
                      "2-core machine); 3 or more: one serves and the others train; 1: a single device.",
@@ -76,6 +87,7 @@ def main(argv: list[str]) -> int:
   options = modes.Options(
       config_path=config_flags.get_config_filename(flags.FLAGS["config"]), mode=_MODE.value,
       workdir=_WORKDIR.value, resume=_RESUME.value, executor=_EXECUTOR.value, ray_address=_RAY_ADDRESS.value,
+      ray_cpus_per_member=_RAY_CPUS.value, ray_gpus_per_member=_RAY_GPUS.value,
       compilation_cache=_COMPILATION_CACHE.value, records=_RECORDS.value, profile_trace=_PROFILE_TRACE.value,
       profile_repeats=_PROFILE_REPEATS.value, verbose=_VERBOSE.value)
   return modes.main(_CONFIG.value, options, lab_modes.MODES)

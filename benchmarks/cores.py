@@ -8,12 +8,9 @@ of all chains together for:
   - one process, one host device per core, one chain on each (what `runtime.execution=loop` does);
   - one process per core, unpinned;
   - one process per core, each pinned to its core (`os.sched_setaffinity`).
-Each configuration runs in fresh processes started at the same moment. On the 2-core machine of the
-README this measured 29.6, 38.7, 40.0 and 42.6 steps/s: pinned processes run bare steps ~10% faster than
-host devices. A prototype `processes` backend (pinned training workers fed over local sockets, not
-shipped) gained only ~4% on whole FedBuff runs (4.94 against 4.75 updates/s over 0.05 virtual days; ~1%
-on FedPSA), as the host then waits with idle workers for the result it needs next; so `loop` over host
-devices stays the CPU default (see the README, "How client updates run").
+Each configuration runs in fresh processes started at the same moment. Pinned processes run bare steps
+faster than host devices, but whole runs gain little, as the host waits with idle workers for the result it
+needs next; so `loop` over host devices stays the CPU default (figures: docs/performance.md, "Host devices").
 """
 
 from __future__ import annotations

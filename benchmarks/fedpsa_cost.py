@@ -1,4 +1,4 @@
-"""What FedPSA costs beside FedBuff: whole runs side by side, and the pieces of FedPSA's sketch (issue 33).
+"""What FedPSA costs beside FedBuff: whole runs side by side, and the pieces of FedPSA's sketch.
 
     python benchmarks/fedpsa_cost.py [--part=runs,pieces] [--models=mnist_cnn,linear] [--repeats=2]
                                      [--days=0.05] [--warmup_days=0.01] [--piece_repeats=15] [--execution=auto]

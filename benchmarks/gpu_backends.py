@@ -1,8 +1,9 @@
 """The paper's MNIST and CIFAR-10 members per execution backend, for a GPU: updates/s, wall seconds per virtual day,
-peak memory.
+peak memory; with `--per_device`, several members at once on one device.
 
     python benchmarks/gpu_backends.py [--members=mnist,cifar10] [--executions=loop,vmap] [--loops=auto]
                                       [--days=0.05] [--warmup_days=0.01] [--data_dir=DIR] [--small | --nosmall]
+                                      [--per_device=1,2,4,8] [--model=NAME]
 
 A member is `configs/paper/experiment.py:method=fedpsa,dataset=<member>` (Sec. 6.1: 50 clients, Dirichlet
 α = 0.1, 20% in flight, E = 5, B = 64, FedPSA's defaults; the MNIST CNN and the CIFAR CNN), run for `--days`
@@ -20,6 +21,14 @@ model and step cost, a tenth of the samples per client, so each update is ~10x s
 images of its shape and size (60,000 of 32x32x3, 10 balanced classes, the same 10% holdout): a step costs the
 same on noise, so the speed figures hold, and the accuracy is chance.
 
+`--per_device=N1,N2,...`: for each member and backend, N members (the same run) at once on one device, each a
+process of its own with the environment a Ray member with a 1/N share of a GPU gets (`sweep.member_env`: no
+preallocation, JAX's memory capped to 0.9/N of the device). The members wait for each other after the warm-up, so
+their windows start together; one row per N: the aggregate client updates/s (the sum of the members' updates/s,
+each over its own window without compile time, as in the backends' table), its ratio to N = 1's, each member's
+mean updates/s and the largest member's peak device memory. `--model` replaces the paper's model (the CPU test's
+`tiny_mlp`).
+
 `--small` (the default when JAX's backend is the CPU): the same members at a size a CPU runs in minutes, always
 on the stand-ins (10 clients, half in flight, one local epoch, 2,000 CIFAR-shaped images, 0.01 days after 0.002),
 so that the script stays tested (tests/test_gpu_backends.py). Its figures say nothing about a GPU.
@@ -32,8 +41,9 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 from unittest import mock
 
 import ml_collections
@@ -60,6 +70,10 @@ def define_flags() -> None:
   flags.DEFINE_string("data_dir", None, "where tfds' prepared datasets are (None: tfds' default)")
   flags.DEFINE_bool("small", None, "the CPU-sized version (default: on when JAX's backend is the CPU)")
   flags.DEFINE_string("child", "", "internal: run one member:execution and print JSON")
+  flags.DEFINE_list("per_device", [], "members at once on one device, one row each (e.g. 1,2,4,8); none: the "
+                    "backends' table, one member at a time")
+  flags.DEFINE_string("model", None, "a model in place of the paper's (e.g. tiny_mlp for a CPU's quick check)")
+  flags.DEFINE_string("barrier", "", "internal: DIR:N, wait after the warm-up until N members are ready in DIR")
 
 STAND_IN_SEED = 0
 CIFAR10_IMAGES = 60_000  # CIFAR-10's train and test splits together, as the holdout pools them
@@ -124,15 +138,31 @@ def peak_memory() -> tuple[int, str]:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "RSS"  # (Linux counts kilobytes)
 
 
-def measure(config: ml_collections.ConfigDict, warmup_days: float, small: bool) -> dict[str, Any]:
-  """One run of `config` (its `runtime.execution` and `sim.virtual_days`), measured after `warmup_days`."""
+def wait_for_each_other(directory: str, count: int, timeout: float = 900.0) -> None:
+  """Marks this process ready in `directory` and returns once `count` processes are (a barrier across processes)."""
+  open(os.path.join(directory, f"ready-{os.getpid()}"), "w").close()
+  deadline = time.monotonic() + timeout
+  while sum(name.startswith("ready-") for name in os.listdir(directory)) < count:
+    if time.monotonic() > deadline:
+      raise TimeoutError(f"fewer than {count} members ready in {directory} after {timeout} s")
+    time.sleep(0.05)
+
+
+def measure(config: ml_collections.ConfigDict, warmup_days: float, small: bool,
+            barrier: Callable[[], None] = lambda: None) -> dict[str, Any]:
+  """One run of `config` (its `runtime.execution` and `sim.virtual_days`), measured after `warmup_days` (and after
+  `barrier` returns); `warmed` (the warm-up's end) and `window` (the measured span) in seconds since the epoch."""
   import jax
 
   member = config.data.name
   sim, data = simulation(config, small)
   sim.run_until(warmup_days)
+  warmed = time.time()
+  barrier()
   start, updates, compile_seconds = time.perf_counter(), sim.loop.client_updates, sim.compiles.seconds
+  epoch_start = time.time()
   summary = sim.finish()
+  window = (epoch_start, time.time())
   wall = time.perf_counter() - start - (sim.compiles.seconds - compile_seconds)
   updates = summary["client_updates"] - updates
   memory, memory_source = peak_memory()
@@ -141,16 +171,49 @@ def measure(config: ml_collections.ConfigDict, warmup_days: float, small: bool) 
           "device": jax.local_devices()[0].device_kind, "updates": updates, "window_days": window_days,
           "updates_per_s": updates / wall, "seconds_per_day": wall / window_days, "peak_bytes": memory,
           "memory_source": memory_source, "compile_seconds": summary["compile_seconds"], "rounds": summary["rounds"],
-          "final_accuracy": summary["final_test_accuracy"]}
+          "final_accuracy": summary["final_test_accuracy"], "warmed": warmed, "window": window,
+          "memory_fraction": os.environ.get("XLA_CLIENT_MEM_FRACTION")}
+
+
+def child_argv(member: str, execution: str, loop: str, small: bool, days: float, warmup_days: float,
+               data_dir: str | None = None, model: str | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+  """The command line of one member's process (`--child`)."""
+  return [sys.executable, os.path.abspath(__file__), f"--child={member}:{execution}:{loop}", f"--small={small}",
+          f"--days={days}", f"--warmup_days={warmup_days}", *extra] + (
+              [f"--data_dir={data_dir}"] if data_dir else []) + ([f"--model={model}"] if model else [])
+
+
+def _result(out: str, err: str, code: int) -> dict[str, Any]:
+  if code:
+    raise RuntimeError(err[-3000:])
+  return json.loads(out.strip().splitlines()[-1])
 
 
 def run_child(member: str, execution: str, loop: str, small: bool, days: float, warmup_days: float) -> dict[str, Any]:
-  argv = [sys.executable, os.path.abspath(__file__), f"--child={member}:{execution}:{loop}", f"--small={small}",
-          f"--days={days}", f"--warmup_days={warmup_days}"] + ([f"--data_dir={FLAGS.data_dir}"] if FLAGS.data_dir else [])
-  out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
-  if out.returncode:
-    raise RuntimeError(out.stderr[-3000:])
-  return json.loads(out.stdout.strip().splitlines()[-1])
+  out = subprocess.run(child_argv(member, execution, loop, small, days, warmup_days, FLAGS.data_dir, FLAGS.model),
+                       capture_output=True, text=True, cwd=ROOT)
+  return _result(out.stdout, out.stderr, out.returncode)
+
+
+def run_together(count: int, member: str, execution: str, loop: str, small: bool, days: float,
+                 warmup_days: float, data_dir: str | None = None, model: str | None = None) -> dict[str, Any]:
+  """`count` copies of one member at once on this machine's device, each a process with a 1/count share
+  (`sweep.member_env`), measured over a common window: their results and the aggregate row (see the docstring)."""
+  from fedpsa_jax import sweep
+
+  env = dict(os.environ)
+  sweep.apply_member_env(env, sweep.member_env(1.0 / count))
+  with tempfile.TemporaryDirectory(prefix="together-") as ready:
+    argv = child_argv(member, execution, loop, small, days, warmup_days, data_dir, model,
+                      (f"--barrier={ready}:{count}",))
+    children = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+                for _ in range(count)]
+    members = [_result(*child.communicate(), child.returncode) for child in children]
+  return {**members[0], "count": count, "members": members,
+          "updates": sum(m["updates"] for m in members),
+          "aggregate_updates_per_s": sum(m["updates_per_s"] for m in members),
+          "member_updates_per_s": sum(m["updates_per_s"] for m in members) / count,
+          "peak_bytes": max(m["peak_bytes"] for m in members)}
 
 
 def row(r: dict[str, Any]) -> str:
@@ -160,6 +223,15 @@ def row(r: dict[str, Any]) -> str:
           f"{r['final_accuracy']:9.4f}  {r['data']}")
 
 
+def together_row(r: dict[str, Any], alone: float | None) -> str:
+  ratio = f"{r['aggregate_updates_per_s'] / alone:7.2f}x" if alone else f"{'':8s}"
+  return (f"{r['member']:8s} {r['execution']:5s} {r['loop']:8s} {r['count']:3d} {r['updates']:7d} "
+          f"{r['aggregate_updates_per_s']:9.2f} {ratio} {r['member_updates_per_s']:9.2f} "
+          f"{r['peak_bytes'] / 2**30:8.2f} {r['memory_source']:6s} {r['final_accuracy']:9.4f}  {r['data']}")
+
+
+TOGETHER_HEADER = (f"{'member':8s} {'exec':5s} {'loop':8s} {'N':>3s} {'updates':>7s} {'total/s':>9s} {'vs N=1':>8s} "
+                   f"{'member/s':>9s} {'peak GiB':>8s} {'of':6s} {'final acc':>9s}  data")
 HEADER = (f"{'member':8s} {'exec':5s} {'loop':8s} {'updates':>7s} {'upd/s':>8s} {'s/day':>9s} {'peak GiB':>7s} "
           f"{'of':6s} {'compile s':>8s} {'final acc':>9s}  data")
 
@@ -176,10 +248,26 @@ def main(argv):
     config.runtime.execution = execution
     config.runtime.loop = loop
     config.sim.virtual_days = days
-    print(json.dumps(measure(config, warmup_days, small)))
+    if FLAGS.model:
+      config.model.name = FLAGS.model
+    barrier = FLAGS.barrier.rsplit(":", 1) if FLAGS.barrier else None
+    print(json.dumps(measure(config, warmup_days, small, (lambda: wait_for_each_other(barrier[0], int(barrier[1])))
+                             if barrier else (lambda: None))))
     return
   print(f"FedPSA, paper members{' (small version)' if small else ''}, {days} virtual days measured after "
         f"{warmup_days}, on {jax.local_devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}")
+  if FLAGS.per_device:
+    print(f"several members at once on one device{f', model {FLAGS.model}' if FLAGS.model else ''}")
+    print(TOGETHER_HEADER)
+    for member in FLAGS.members:
+      for execution in FLAGS.executions:
+        for loop in FLAGS.loops:
+          alone = None
+          for count in map(int, FLAGS.per_device):
+            r = run_together(count, member, execution, loop, small, days, warmup_days, FLAGS.data_dir, FLAGS.model)
+            alone = r["aggregate_updates_per_s"] if count == 1 else alone
+            print(together_row(r, alone), flush=True)
+    return
   print(HEADER)
   for member in FLAGS.members:
     for execution in FLAGS.executions:

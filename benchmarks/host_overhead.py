@@ -9,7 +9,7 @@ single small SGD step; in a fresh process per method. Printed per method, after 
 excluded: wall time per update; the bare compute inside it (one jitted SGD step on a 128-row batch, the
 size of a client's data, and one client payload, e.g. FedPSA's sketch, each timed alone); and host overhead
 per update = wall − bare compute: event handling, dispatch, server steps, bookkeeping and evaluations.
-Issue 19's goal is ≤ 0.25 ms on this 2-core CPU. `--phase_timing` runs with `runtime.phase_timing` on
+The target is ≤ 0.25 ms per update on a 2-core CPU (docs/performance.md). `--phase_timing` runs with `runtime.phase_timing` on
 (the host waits for the devices at every event, to time the phases apart).
 """
 

@@ -9,8 +9,8 @@ clients, Dirichlet α = 0.1, the MNIST CNN, 10 in flight; FedBuff is the job FLG
 the default job itself), its peak RSS read from the kernel's accounting of that child (`os.wait4`), so
 the figure is what `/usr/bin/time -v` reports. Runs alternate between methods, so that a drift of the
 machine affects both alike. Printed per run: peak RSS, wall seconds, client updates, final accuracy; then
-per method the median. Issue 19's goal: at most FLGo's ~0.73-0.74 GB on the FedBuff job (measured on this
-2-core CPU, FLGo 0.4.4, two torch threads). Peak RSS varies between runs of one config by ~±50 MB (when
+per method the median. The bar: FLGo's ~0.73-0.74 GB on the FedBuff job (FLGo 0.4.4, two torch threads, on a
+2-core x86-64 CPU). Peak RSS varies between runs of one config by ~±50 MB (when
 the host dispatches relative to the devices), so compare medians of several repeats.
 
 `--allocator`: the C allocator of the runs, preloaded here into each child (`LD_PRELOAD`; launch.py itself

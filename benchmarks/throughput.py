@@ -13,7 +13,7 @@ trains clients on both devices, `loop@3` on two while the third serves (see exec
 Printed per row: client updates per second (compile time excluded); the ideal: the window's samples
 (epochs × each client's n) as bare jitted SGD steps of full batches B, no masks, back to back on every
 device that trains clients, all at once, and `of ideal` = rate / ideal rate; cores busy (process CPU
-time / wall time: 2.00 is both cores of this machine all the time); with `--phase_timing` only (it makes
+time / wall time: 2.00 is two cores busy all the time); with `--phase_timing` only (it makes
 the host wait at every event, so the rate is lower), the share of wall time the host spends outside
 waiting for client results (host loop, aggregation, evaluation, and with `loop`, the time training
 overlaps with them), and the payloads' (e.g. FedPSA's sketch) part of the wall time;

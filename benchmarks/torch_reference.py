@@ -1,4 +1,4 @@
-"""The same client updates in PyTorch on this machine: the bar FLGo cannot beat, measured beside ours.
+"""The same client updates in PyTorch, on the machine it runs on: the bar FLGo cannot beat, measured beside ours.
 
     pip install torch==2.13.0   # (not a dependency of fedpsa-jax; the CPU build)
     python benchmarks/torch_reference.py [--threads=1,2] [--updates=24]

@@ -14,72 +14,78 @@ Ctrl-C'd `make test-fast`) can leave
 `repair` removes both kinds before a process uses the directory: the function is compiled once more and
 stored whole. (Another process reading an entry while one writes it sees the same truncation, warns and
 compiles; that needs atomic writes in JAX, and costs one compile.)
+
+An entry is judged by JAX's own reader (`_jax_entry_reader`: the functions JAX reads an entry with, so the
+judgement follows JAX's layout when an upgrade changes it), never by a copy of that layout here. Where this JAX
+no longer has those functions, no entry can be judged: `repair` removes nothing, and says so once in the log.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-import zlib
-
-CACHE_SUFFIX = "-cache"  # JAX's file-cache names for an entry and its last-access time
-ATIME_SUFFIX = "-atime"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # a zstd frame; JAX compresses with zstd when it can import it, else zlib
-_TIME_BYTES = 4  # the compile time JAX stores before the executable (JAX 0.10's entry layout)
+from typing import Callable
 
 _log = logging.getLogger(__name__)
 
 
-def _zstd_decompress():
-  """The zstd decompression JAX would use (Python 3.14's `compression.zstd`, else `zstandard`), or None."""
+@functools.cache
+def _jax_entry_reader() -> tuple[Callable[[bytes], object], str, str] | None:
+  """(read, cache suffix, atime suffix) from this JAX's file cache: `read(data)` raises when JAX could not read
+  the entry `data` (a truncated or damaged compressed stream, or no executable after the compile-time prefix).
+  None when this JAX does not have them (nothing can then be judged)."""
   try:
-    from compression import zstd  # type: ignore[import-not-found]
-    return zstd.decompress
-  except ImportError:
-    pass
-  try:
-    import zstandard  # type: ignore[import-not-found]
-    return zstandard.ZstdDecompressor().decompress
-  except ImportError:
+    from jax._src import compilation_cache as jax_cache
+    from jax._src import lru_cache
+
+    decompress, split = jax_cache.decompress_executable, jax_cache.extract_executable_and_time
+    suffixes = (lru_cache._CACHE_SUFFIX, lru_cache._ATIME_SUFFIX)  # noqa: SLF001 — JAX's own names
+  except (ImportError, AttributeError) as err:
+    _log.warning("compilation cache: this JAX has no entry reader to judge entries with (%s); none is removed",
+                 err)
     return None
+
+  def read(data: bytes) -> object:
+    executable, _ = split(decompress(data))
+    if not executable:
+      raise ValueError("no executable after the compile time")
+    return executable
+
+  return read, *suffixes
 
 
 def is_complete(data: bytes) -> bool:
-  """Whether `data`, a `KEY-cache` file's bytes, is a whole compressed entry: a zlib stream that reaches its
-  end (checksum included) with nothing after it, or a zstd frame that decompresses, holding more than the
-  compile-time prefix. A zstd entry where no zstd module is importable counts as complete (JAX could not
-  have written it in this environment, and cannot be judged here)."""
-  if data.startswith(_ZSTD_MAGIC):
-    decompress = _zstd_decompress()
-    if decompress is None:
-      return True
-    try:
-      return len(decompress(data)) > _TIME_BYTES
-    except Exception:  # each library raises its own error type for a damaged frame
-      return False
-  stream = zlib.decompressobj()
+  """Whether JAX can read `data`, a `KEY-cache` file's bytes, as an entry (True when this JAX cannot tell)."""
+  reader = _jax_entry_reader()
+  if reader is None:
+    return True
   try:
-    body = stream.decompress(data)
-  except zlib.error:
+    reader[0](data)
+  except Exception:  # each decompressor raises its own error type for a damaged stream
     return False
-  return stream.eof and not stream.unused_data and len(body) > _TIME_BYTES
+  return True
 
 
 def damaged_entries(path: str) -> list[str]:
-  """The `KEY-cache` files of the cache directory `path` (sorted names) that a killed writer left: truncated
-  ones (`is_complete`), and, in a directory where eviction keeps last-access times, ones without their
-  `KEY-atime`."""
+  """The `KEY-cache` files of the cache directory `path` (sorted names) that a killed writer left: ones JAX
+  cannot read (`is_complete`), and, in a directory where eviction keeps last-access times, ones without their
+  `KEY-atime`. [] when this JAX cannot judge them."""
+  reader = _jax_entry_reader()
+  if reader is None:
+    return []
+  _, cache_suffix, atime_suffix = reader
   names = set(os.listdir(path))
-  evicting = any(n.endswith(ATIME_SUFFIX) for n in names)
+  evicting = any(n.endswith(atime_suffix) for n in names)
   damaged = []
-  for name in sorted(n for n in names if n.endswith(CACHE_SUFFIX)):
-    key = name[:-len(CACHE_SUFFIX)]
+  for name in sorted(n for n in names if n.endswith(cache_suffix)):
+    key = name[:-len(cache_suffix)]
     try:
       with open(os.path.join(path, name), "rb") as f:
         whole = is_complete(f.read())
     except FileNotFoundError:  # evicted or repaired by another process meanwhile
       continue
-    if not whole or (evicting and key + ATIME_SUFFIX not in names):
+    if not whole or (evicting and key + atime_suffix not in names):
       damaged.append(name)
   return damaged
 
@@ -91,7 +97,8 @@ def repair(path: str) -> list[str]:
     return []
   removed = damaged_entries(path)
   for name in removed:
-    for file in (name, name[:-len(CACHE_SUFFIX)] + ATIME_SUFFIX):
+    _, cache_suffix, atime_suffix = _jax_entry_reader()
+    for file in (name, name[:-len(cache_suffix)] + atime_suffix):
       try:
         os.remove(os.path.join(path, file))
       except FileNotFoundError:

@@ -55,6 +55,8 @@ _ADVICE = {
                        "or another --workdir",
     errno_lib.EISDIR: "it is a directory where a file must be; allowed: move that directory away, or another "
                       "--workdir",
+    errno_lib.ELOOP: "it is a symbolic link, which this tool never writes through; allowed: remove the link, or "
+                     "another --workdir",
 }
 
 

@@ -7,6 +7,12 @@ after the checkpoint, and a line cut off by a kill, are neither duplicated nor l
 `check_workdir` vets a workdir before any work: writable, not holding another run, and holding no run entry
 of the wrong kind or one this user cannot read and write (`check_run_entries`).
 
+Links: the tool writes, moves and deletes only inside the folders it is given. An entry it would write through
+that is a symbolic link (a `.lock` or `metrics.jsonl` pointing at someone's file, a `checkpoints/` or
+`tensorboard/` pointing at someone's folder, a link anywhere inside those) is refused before any work
+(`refuse_links`, naming the entry), and the files it writes are opened without following a link
+(`open_no_follow`), so a link made while it runs fails the write instead of redirecting it.
+
 Reading: `read_run` (or `read_config`, `read_summary`, `read_metrics`, `read_events`) is the one reader
 of a run directory; the notebook API, sweeps, reports, figures and resume all read through it. A JSON-lines
 file whose last line is torn (a run killed while writing it) is read without that line, with a
@@ -36,21 +42,32 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
 import ml_collections
 
 from fedpsa_jax import run_identity
+from fedpsa_jax.config.schema import SHARED_SECTIONS
 from fedpsa_jax.errors import ConfigError, DamagedRunFile, OutputWriteError, is_disk_full
 
 CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, EVENTS_FILE = "config.json", "summary.json", "metrics.jsonl", "events.jsonl"
 CHECKPOINTS_DIR, CORRUPT_CHECKPOINTS_DIR = "checkpoints", "checkpoints_corrupt"  # (checkpoint.CheckpointStore's)
+TENSORBOARD_DIR = "tensorboard"  # the event files of runtime.tensorboard (sim.recorder)
+TMP_SUFFIX = ".tmp"  # `write_json_atomic`'s temporary file: PATH.tmp
 LOCK_FILE = ".lock"  # one lock file per directory, whoever claims it (a run or a sweep)
 # What a run directory holds, by kind. An entry of the other kind (a folder where metrics.jsonl belongs, a file
 # where checkpoints/ belongs) is refused before anything is read or written (`check_run_entries`): a run
 # would otherwise start over beside what it cannot read, or fail half-way with its outputs cut back.
 RUN_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, EVENTS_FILE, LOCK_FILE)
 RUN_DIRS = (CHECKPOINTS_DIR, CORRUPT_CHECKPOINTS_DIR)
+TENSORBOARD_DIR = "tensorboard"  # RUN_DIR/tensorboard: the event files of runtime.tensorboard
 # The fields of a metrics.jsonl line that every reader draws with (a learning curve: accuracy against days),
 # and the types their values may have; every evaluation writes them (`sim.runner`), with more.
 METRICS_FIELDS = {"day": (int, float), "test_accuracy": (int, float)}
 EVENTS_FIELDS = {"type": (str,)}  # 'update' or 'round'
+# Every entry of a run directory that a run writes, moves or deletes (the folders with all they hold): none may be
+# a symbolic link (`refuse_links`).
+RUN_WRITES = (*RUN_FILES, CONFIG_FILE + TMP_SUFFIX, SUMMARY_FILE + TMP_SUFFIX, *RUN_DIRS, TENSORBOARD_DIR)
+# summary.json's fields that hold text; every other field a reader may compute with holds a number or null (or
+# an object or list, such as `provenance`, which no table reads).
+SUMMARY_TEXT_FIELDS = ("status", "method", "dataset", "model", "execution", "interrupted_by", "error")
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+_SCALAR_SECTIONS = ("method", "seed", "stop_on_nan")  # the config's top-level fields that are values, not sections
 
 
 def to_json(value: Any) -> Any:
@@ -83,12 +100,54 @@ class TornLineWarning(UserWarning):
   """A JSON-lines file ends in an incomplete line (a run killed while writing it); it was skipped."""
 
 
+def _no_follow(path: str, flags: int) -> int:
+  return os.open(path, flags | os.O_NOFOLLOW, 0o666)
+
+
+def open_no_follow(path: str | os.PathLike, mode: str = "r", **kwargs: Any) -> Any:
+  """`open(path, mode)`, except that a symbolic link at `path` is an OSError (ELOOP) instead of the file it points
+  to: what a run writes stays inside its directory even if a link appears there while it runs."""
+  return open(path, mode, opener=_no_follow, **kwargs)
+
+
+def symbolic_link_in(folder: str, names: Iterable[str]) -> str | None:
+  """The path of the first of `names` (entries of `folder`) that is a symbolic link, or of a link anywhere inside
+  one of them that is a folder (links are not followed); None when there is none."""
+  for name in names:
+    path = os.path.join(folder, name)
+    if os.path.islink(path):
+      return path
+    for root, dirs, files in os.walk(path):  # (nothing when `path` is not a folder; links are not entered)
+      for entry in sorted(dirs + files):
+        if os.path.islink(os.path.join(root, entry)):
+          return os.path.join(root, entry)
+  return None
+
+
+def refuse_links(folder: str, names: Iterable[str], flag: str = "--workdir") -> None:
+  """ConfigError naming the entry, before any work, when one of `names` in `folder` (the folder given as `flag`) is
+  a symbolic link or holds one (`symbolic_link_in`): writing, moving or deleting through it would change files
+  outside the folders the tool was given."""
+  link = symbolic_link_in(folder, names)
+  if link is None:
+    return
+  try:
+    target = os.readlink(link)
+  except OSError:
+    target = "?"
+  raise ConfigError(f"{flag}={folder!r} holds {os.path.relpath(link, folder)} as a symbolic link (to {target!r}), "
+                    "which this tool would follow out of the folder it was given (it writes, moves and deletes only "
+                    f"inside it); allowed: entries of the folder's own (remove the link {link!r}, or replace it by a "
+                    f"copy), or another {flag}")
+
+
 def write_json_atomic(path: str, obj: Any) -> None:
   """Writes `obj` as JSON to `path` through a temporary file renamed over it: `path` is either the old
-  file or the whole new one, and a failed write (a full disk) leaves no temporary file behind."""
-  tmp = f"{path}.tmp"
+  file or the whole new one, and a failed write (a full disk) leaves no temporary file behind. The temporary
+  file is never a symbolic link's target (`open_no_follow`)."""
+  tmp = f"{path}{TMP_SUFFIX}"
   try:
-    with open(tmp, "w") as f:
+    with open_no_follow(tmp, "w") as f:
       json.dump(to_json(obj), f, indent=2, sort_keys=True)
       f.flush()
       os.fsync(f.fileno())
@@ -204,14 +263,42 @@ def read_config(run_dir: str | os.PathLike) -> dict | None:
       raise DamagedRunFile(f"{path} is not valid JSON ({err})") from None
   if not isinstance(config, dict):
     raise DamagedRunFile(f"{path} holds a JSON {_json_kind(config)}, not an object; allowed: a run's config")
+  problem = _config_shape_problem(config)
+  if problem:
+    raise DamagedRunFile(f"{path}: {problem}; allowed: a run's config as a run writes it (a string 'method', and "
+                         "each section, such as 'sim' and the method's own, an object)")
   return config
+
+
+def _config_shape_problem(config: dict) -> str | None:
+  """What makes a config.json object unusable by the readers (they compare its sections field by field), or None:
+  a 'method' that is not a string, or a section that is not an object."""
+  method = config.get("method")
+  if "method" in config and not isinstance(method, str):
+    return f"its 'method' is a JSON {_json_kind(method)}, not a string"
+  for name in (*SHARED_SECTIONS, method if isinstance(method, str) else None, "runtime"):
+    value = config.get(name)
+    if name in config and name not in _SCALAR_SECTIONS and not isinstance(value, dict):
+      return f"its section {name!r} is a JSON {_json_kind(value)}, not an object"
+  return None
 
 
 def read_summary(run_dir: str | os.PathLike) -> dict | None:
   """summary.json with its non-finite numbers restored, or None when absent; DamagedRunFile when it is not
-  a JSON object."""
+  a JSON object, or when a field holds a value of the wrong type: text in a field other than
+  `SUMMARY_TEXT_FIELDS` (the numbers tables and sweeps compute with), or a number in one of those."""
   path = os.path.join(run_dir, SUMMARY_FILE)
-  return read_json_object(path, "a run's summary, as a run writes it") if os.path.exists(path) else None
+  if not os.path.exists(path):
+    return None
+  allowed = ("a run's summary, as a run writes it: text in " + ", ".join(SUMMARY_TEXT_FIELDS)
+             + "; a number or null in every other field")
+  summary = read_json_object(path, allowed)
+  wrong = [f"{name}={value!r}" for name, value in summary.items()
+           if value is not None and not isinstance(value, (dict, list))
+           and isinstance(value, str) != (name in SUMMARY_TEXT_FIELDS)]
+  if wrong:
+    raise DamagedRunFile(f"{path} has {', '.join(wrong[:3])}, a value of the wrong type; allowed: {allowed}")
+  return summary
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
@@ -232,11 +319,12 @@ def read_run(run_dir: str | os.PathLike, events: bool = True) -> RunRecord:
                    read_events(run_dir) if events else [])
 
 
-def check_run_entries(path: str) -> None:
+def check_run_entries(path: str, extra_dirs: Iterable[str] = ()) -> None:
   """ConfigError, before anything in it is read or written, when the run directory `path` holds one of a run's
-  entries (`RUN_FILES`, `RUN_DIRS`) as the other kind (a directory where a run writes a file, a file where it
-  keeps a directory, or neither) or as one this user cannot read and write."""
-  for name, want_dir in [(n, False) for n in RUN_FILES] + [(n, True) for n in RUN_DIRS]:
+  entries (`RUN_FILES`, `RUN_DIRS`, and `extra_dirs`: the folders this run's options add) as the other kind (a
+  directory where a run writes a file, a file where it keeps a directory, or neither) or as one this user
+  cannot read and write (a folder: anything in it)."""
+  for name, want_dir in [(n, False) for n in RUN_FILES] + [(n, True) for n in (*RUN_DIRS, *extra_dirs)]:
     entry = os.path.join(path, name)
     if not os.path.lexists(entry):
       continue
@@ -246,22 +334,60 @@ def check_run_entries(path: str) -> None:
     if have != want:
       raise ConfigError(f"--workdir={path!r} holds {name} as {have}, where a run keeps {want}; allowed: a run "
                         f"directory as a run leaves it (move {entry!r} away), or another --workdir")
-    if not os.access(entry, os.R_OK | os.W_OK | (os.X_OK if want_dir else 0)):
-      raise ConfigError(f"--workdir={path!r} holds {name}, which this user cannot read and write; allowed: a run "
-                        f"directory this user can read and write (give it access to {entry!r}), or another --workdir")
+    inaccessible = _inaccessible(entry) if want_dir else (
+        None if os.access(entry, os.R_OK | os.W_OK) else entry)
+    if inaccessible is not None:
+      held = os.path.relpath(inaccessible, path)
+      raise ConfigError(f"--workdir={path!r} holds {held}, which this user cannot read and write; allowed: a run "
+                        f"directory this user can read and write (give it access to {inaccessible!r}), or another "
+                        "--workdir")
+
+
+def _inaccessible(directory: str) -> str | None:
+  """The first entry under `directory` (itself included) that this user cannot use as a run does: a directory it
+  cannot list, enter and write (a checkpoint is read, and an old one deleted or set aside), or a file it cannot
+  read; None when there is none."""
+  if not os.access(directory, os.R_OK | os.W_OK | os.X_OK):
+    return directory
+  for root, dirs, files in os.walk(directory, onerror=lambda err: None):
+    for name in dirs:
+      if not os.access(os.path.join(root, name), os.R_OK | os.W_OK | os.X_OK):
+        return os.path.join(root, name)
+    for name in files:
+      if not os.access(os.path.join(root, name), os.R_OK):
+        return os.path.join(root, name)
+  return None
+
+
+def make_dirs(path: str) -> None:
+  """`os.makedirs(path, exist_ok=True)`, or nothing: when it fails part-way (a name or a path too long for the
+  file system, a permission further down), the directories it made are removed again before the error
+  propagates, so a refused --workdir leaves no empty folders behind."""
+  missing, parent = [], os.path.abspath(path)
+  while not os.path.lexists(parent) and os.path.dirname(parent) != parent:
+    missing.append(parent)
+    parent = os.path.dirname(parent)
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError:
+    for made in missing:  # (deepest first; one that is not empty, or another process's, stays)
+      with contextlib.suppress(OSError):
+        os.rmdir(made)
+    raise
 
 
 def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
   """Raises ConfigError, before any work, when `path` cannot be a run directory for `config`:
-  it cannot be created or written, it holds an entry of a run of the wrong kind or one this user cannot
-  read and write (`check_run_entries`), or it holds config.json of another run
+  it cannot be created or written, it holds an entry a run writes through that is a symbolic link
+  (`refuse_links`), an entry of a run of the wrong kind or one this user cannot read and write
+  (`check_run_entries`), or it holds config.json of another run
   (`run_identity.identity_differences`: a difference in a shared field or in the method's own section).
   Creates the directory; returns whether it had to."""
   created = not os.path.isdir(path)
   try:
-    os.makedirs(path, exist_ok=True)
+    make_dirs(path)
     probe = os.path.join(path, f".write-test-{os.getpid()}")
-    with open(probe, "w") as f:
+    with open_no_follow(probe, "w") as f:
       f.write("ok")
     os.remove(probe)
   except OSError as err:
@@ -270,7 +396,8 @@ def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
     raise ConfigError(
         f"--workdir={path!r} is not writable ({err.strerror or err}); allowed: a directory this user can "
         "create and write") from None
-  check_run_entries(path)
+  refuse_links(path, RUN_WRITES)
+  check_run_entries(path, (TENSORBOARD_DIR,) if config.runtime.tensorboard else ())
   try:
     saved = read_config(path)
   except (OSError, ValueError) as err:
@@ -299,8 +426,8 @@ def claim(lock_path: str, owner: str, refusal: Callable[[str], str]) -> TextIO:
   does the process's death, even by SIGKILL (the OS drops the lock), so a claim is never left stale.
   ConfigError(`refusal(holder)`) at once, without waiting, when another process (or another open claim)
   holds it; `holder` is what that claimant wrote ('unknown' if nothing)."""
-  try:
-    f = open(lock_path, "a+")
+  try:  # (read and write, created if missing, never truncated before the lock is held, never through a link)
+    f = os.fdopen(os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666), "r+")
   except OSError as err:  # (a directory where the lock file belongs is refused earlier: `check_run_entries`)
     raise OutputWriteError.of(err, lock_path) from None
   try:
@@ -349,7 +476,7 @@ class RunDir:
   def append(self, name: str, records: Iterable[dict]) -> None:
     """Appends JSON lines to `name` and flushes them to the OS at once."""
     if name not in self._files:
-      self._files[name] = open(self.file(name), "a")
+      self._files[name] = open_no_follow(self.file(name), "a")
     f = self._files[name]
     for record in records:
       f.write(json.dumps(to_json(record), sort_keys=True) + "\n")
@@ -382,7 +509,7 @@ class RunDir:
       raise RuntimeError(f"{path} has {have} bytes but the checkpoint resumed from recorded {size}; the file "
                          "was changed outside the run, so it cannot continue exactly")
     if os.path.exists(path) and have > size:
-      with open(path, "r+b") as f:
+      with open_no_follow(path, "r+b") as f:
         f.truncate(size)
         f.flush()
         os.fsync(f.fileno())

@@ -6,7 +6,11 @@ For the configured model and data, each piece is compiled once, then reported wi
   (`LocalTrainer.update_programs`), evaluation as its number of batches times one batch, a method's
   looped pieces through loop-free twins (FedPSA's factored Fisher: `conv_loop='batched'`, the same matmuls);
 - `temp_mb`: the largest temporary buffer allocation of its compiled programs (memory analysis);
-- `ms`: the median wall time over `repeats` calls after a warm-up, each ended by `block_until_ready`.
+- `compile_s`: the seconds XLA spent compiling the piece's timed call, in its warm-up call (JAX's
+  `/jax/core/compile/backend_compile_duration` events, through `jax.monitoring`), or, where the warm-up compiled
+  nothing (the costing, or the run's build, had compiled it already), the costing's compile seconds;
+- `ms`: the median wall time over `repeats` calls after that warm-up, each ended by `block_until_ready`, and
+  `ms_min` / `ms_max`, their spread.
 
 The pieces every method has are profiled here: one SGD step (and the partial batch's), one client update,
 evaluation, and each strategy's server step. A method's own pieces come from its plug-in in
@@ -14,13 +18,16 @@ evaluation, and each strategy's server step. A method's own pieces come from its
 when the configured method is that one.
 
 `profile(config)` returns the rows as a list of dicts (a notebook makes a DataFrame of them);
-`launch.py --mode=profile` prints them as a table and writes `profile.json`; with a trace directory,
-the timed calls run inside `jax.profiler.trace` with one named `TraceAnnotation` per piece.
+`launch.py --mode=profile` prints them as a table, with the provenance (`provenance_of`: the code's commit, the
+machine, the config), and writes both to `profile.json`. With a trace directory, once every piece is compiled
+and timed, their timed calls run once more inside one `jax.profiler` trace (`Profiler.trace`): only those calls,
+without the Python tracer (compiles and Python calls made the trace of a small run 860 MB), each piece a
+`TraceAnnotation` and each call a `StepTraceAnnotation` of that name; TensorBoard's profiler opens the folder,
+Perfetto (ui.perfetto.dev) its `perfetto_trace.json.gz`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import statistics
@@ -32,70 +39,118 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fedpsa_jax import local, metrics, profilers, strategies
+from fedpsa_jax import local, metrics, profilers, provenance, strategies
+
+# JAX's event for the XLA compile of one program (jax/_src/dispatch.py), reported through jax.monitoring.
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 def compiled_cost(fn: Callable, *args) -> dict[str, float]:
-  """FLOPs, bytes accessed and temporary memory of `jax.jit(fn)(*args)` as compiled here."""
-  compiled = jax.jit(fn).lower(*args).compile()
-  cost = compiled.cost_analysis()
+  """FLOPs, bytes accessed and temporary memory of `jax.jit(fn)(*args)` as compiled here, and the seconds XLA
+  spent compiling it (`compile_seconds`)."""
+  compiled: list[Any] = []
+  seconds = compile_seconds(lambda: compiled.append(jax.jit(fn).lower(*args).compile()))
+  cost = compiled[0].cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
-  memory = compiled.memory_analysis()
+  memory = compiled[0].memory_analysis()
   return {"flops": float(cost.get("flops", 0.0)), "bytes": float(cost.get("bytes accessed", 0.0)),
-          "temp_bytes": float(getattr(memory, "temp_size_in_bytes", 0) or 0)}
+          "temp_bytes": float(getattr(memory, "temp_size_in_bytes", 0) or 0), "compile_seconds": seconds}
 
 
-def median_seconds(call: Callable[[], Any], repeats: int) -> float:
-  """Median wall time of `call()` (ended by block_until_ready) after one warm-up call."""
-  jax.block_until_ready(call())
+def compile_seconds(call: Callable[[], Any]) -> float:
+  """Runs `call()` once (ended by block_until_ready) and returns the seconds XLA spent compiling in it (0 when
+  everything it runs was compiled before)."""
+  spent: list[float] = []
+
+  def listener(event: str, seconds: float, **kwargs: Any) -> None:
+    del kwargs
+    if event == BACKEND_COMPILE_EVENT:
+      spent.append(seconds)
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    jax.block_until_ready(call())
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  return sum(spent)
+
+
+def call_seconds(call: Callable[[], Any], repeats: int) -> list[float]:
+  """The wall time of each of `repeats` calls of `call()`, each ended by block_until_ready."""
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
     jax.block_until_ready(call())
     times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  return times
 
 
-def _row(name: str, cost: dict[str, float], seconds: float, **extra) -> dict[str, Any]:
+def median_seconds(call: Callable[[], Any], repeats: int) -> float:
+  """Median wall time of `call()` (ended by block_until_ready) after one warm-up call."""
+  jax.block_until_ready(call())
+  return statistics.median(call_seconds(call, repeats))
+
+
+def _row(name: str, cost: dict[str, float], compile_s: float, times: Sequence[float], **extra) -> dict[str, Any]:
   return {"piece": name, "gflops": cost["flops"] / 1e9, "gbytes": cost["bytes"] / 1e9,
-          "temp_mb": cost["temp_bytes"] / 1e6, "ms": seconds * 1e3, **extra}
+          "temp_mb": cost["temp_bytes"] / 1e6, "compile_s": compile_s, "ms": statistics.median(times) * 1e3,
+          "ms_min": min(times) * 1e3, "ms_max": max(times) * 1e3, "repeats": len(times), **extra}
 
 
 def _scaled(cost: dict[str, float], times: float) -> dict[str, float]:
-  return {"flops": cost["flops"] * times, "bytes": cost["bytes"] * times, "temp_bytes": cost["temp_bytes"]}
+  return {**cost, "flops": cost["flops"] * times, "bytes": cost["bytes"] * times}
 
 
 def _summed(costs: Iterable[dict[str, float]]) -> dict[str, float]:
   costs = list(costs)
   return {"flops": sum(c["flops"] for c in costs), "bytes": sum(c["bytes"] for c in costs),
-          "temp_bytes": max((c["temp_bytes"] for c in costs), default=0.0)}
+          "temp_bytes": max((c["temp_bytes"] for c in costs), default=0.0),
+          "compile_seconds": sum(c.get("compile_seconds", 0.0) for c in costs)}
 
 
 class Profiler:
   """Builds one run's pieces (via `Simulation`, without running it) and measures them."""
 
-  def __init__(self, config: ml_collections.ConfigDict, repeats: int = 5, trace: bool = False):
+  def __init__(self, config: ml_collections.ConfigDict, repeats: int = 5):
     from fedpsa_jax.sim.runner import Simulation  # here, not at import: runner imports much
 
     config = ml_collections.ConfigDict(config.to_dict())
     config.runtime.progress = False
     self.sim = Simulation(config, workdir=None)
-    self.config, self.repeats, self.trace = config, repeats, trace
+    self.config, self.repeats = config, repeats
     self.params = self.sim.strategy.eval_models(self.sim.state).params
     self.apply_fn = self.sim.model.apply
     self.rows: list[dict[str, Any]] = []
+    self.calls: list[tuple[str, Callable[[], Any]]] = []  # each row's timed call, for `trace`
 
   cost = staticmethod(compiled_cost)  # (for the plug-ins, which do not import this module)
 
-  def _timed(self, name: str, call: Callable[[], Any]) -> float:
-    annotation = jax.profiler.TraceAnnotation(name) if self.trace else contextlib.nullcontext()
-    with annotation:
-      return median_seconds(call, self.repeats)
-
   def add(self, name: str, cost: dict[str, float], call: Callable[[], Any], **extra) -> dict[str, Any]:
-    row = _row(name, cost, self._timed(name, call), **extra)
+    """A row for piece `name`: `cost`, the compile time of `call`'s warm-up, and `repeats` timed calls. A warm-up
+    that compiled nothing ran the program `cost` compiled (the same function and arguments): its compile time."""
+    warm_up = compile_seconds(call)
+    row = _row(name, cost, warm_up or cost.get("compile_seconds", 0.0), call_seconds(call, self.repeats), **extra)
     self.rows.append(row)
+    self.calls.append((name, call))
     return row
+
+  def trace(self, trace_dir: str) -> None:
+    """Every piece's timed call, `repeats` times, inside one `jax.profiler` trace in `trace_dir`, compiled
+    already: no compile, no Python tracer (host events of the runtime and the annotations only); each piece a
+    `TraceAnnotation`, each call a `StepTraceAnnotation` of that name (TensorBoard's step view). TensorBoard's
+    profiler opens `trace_dir`, Perfetto its `plugins/profile/*/perfetto_trace.json.gz`."""
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
+    options.enable_hlo_proto = False  # (the programs' HLO: large, and what --mode=profile costs already)
+    jax.profiler.start_trace(trace_dir, create_perfetto_trace=True, profiler_options=options)
+    try:
+      for name, call in self.calls:
+        with jax.profiler.TraceAnnotation(name):
+          for step in range(self.repeats):
+            with jax.profiler.StepTraceAnnotation(name, step_num=step):
+              jax.block_until_ready(call())
+    finally:
+      jax.profiler.stop_trace()
 
   # --- the pieces -----------------------------------------------------------------------------------
 
@@ -212,13 +267,13 @@ def profile(config: ml_collections.ConfigDict, *, repeats: int = 5, methods: Seq
   `method_options`: for the configured method's plug-in (`Profiler.method_pieces`), e.g. FedPSA's
   `calibration_sizes`.
   """
-  trace = jax.profiler.trace(trace_dir) if trace_dir else contextlib.nullcontext()
-  with trace:
-    profiler = Profiler(config, repeats=repeats, trace=trace_dir is not None)
-    profiler.local_training()
-    profiler.method_pieces(**method_options)
-    profiler.evaluation()
-    profiler.server_steps(methods)
+  profiler = Profiler(config, repeats=repeats)
+  profiler.local_training()
+  profiler.method_pieces(**method_options)
+  profiler.evaluation()
+  profiler.server_steps(methods)
+  if trace_dir:
+    profiler.trace(trace_dir)
   rows = profiler.rows
   step_ms = next(r["ms"] for r in rows if r["piece"] == "sgd_step")
   update_ms = next(r["ms"] for r in rows if r["piece"] == "client_update")
@@ -228,12 +283,26 @@ def profile(config: ml_collections.ConfigDict, *, repeats: int = 5, methods: Seq
   return rows
 
 
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-  """The rows as a fixed-width text table."""
-  header = f"{'piece':<28}{'size':>6}{'GFLOP':>10}{'GB':>9}{'temp MB':>10}{'ms':>10}{'x step':>8}{'x update':>9}"
+def provenance_of(config: ml_collections.ConfigDict, repeats: int) -> dict[str, Any]:
+  """Where a profile's figures come from: the code's commit, the machine and its devices, the config, repeats."""
+  return {"code": provenance.code_version(), "machine": provenance.machine(), "repeats": repeats,
+          "config": config.to_dict()}
+
+
+def format_table(rows: Sequence[dict[str, Any]], origin: dict[str, Any] | None = None) -> str:
+  """The rows as a fixed-width text table (`origin`: `provenance_of`'s, as a first line)."""
+  header = (f"{'piece':<28}{'size':>6}{'GFLOP':>10}{'GB':>9}{'temp MB':>10}{'compile s':>10}{'ms':>10}"
+            f"{'min-max ms':>16}{'x step':>8}{'x update':>9}")
   lines = [header, "-" * len(header)]
+  if origin is not None:
+    code, machine = origin["code"], origin["machine"]
+    commit = (code["commit"] or "no git checkout")[:12] + (" (modified)" if code["dirty"] else "")
+    lines.insert(0, f"code {commit}; {machine['cpu']}, {machine['cores']} cores; {machine['backend']} "
+                    f"{machine['devices']}; jax {machine['jax']}; median of {origin['repeats']} calls after a warm-up")
   for r in rows:
     size = r.get("calibration", r.get("steps", r.get("arrivals", r.get("batch", ""))))
+    spread = f"{r['ms_min']:.1f}-{r['ms_max']:.1f}"
     lines.append(f"{r['piece']:<28}{size!s:>6}{r['gflops']:>10.3f}{r['gbytes']:>9.3f}{r['temp_mb']:>10.1f}"
-                 f"{r['ms']:>10.1f}{r['x_sgd_step']:>8.2f}{r['x_client_update']:>9.3f}")
+                 f"{r['compile_s']:>10.2f}{r['ms']:>10.1f}{spread:>16}{r['x_sgd_step']:>8.2f}"
+                 f"{r['x_client_update']:>9.3f}")
   return "\n".join(lines)

@@ -11,6 +11,7 @@ import hashlib
 import os
 import platform
 import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -61,9 +62,19 @@ def _cpu_model() -> str:
   return platform.processor() or platform.machine()
 
 
+def ray_node() -> str | None:
+  """The id of the Ray node this process runs on when it is a Ray worker (or a driver joined to a cluster), else
+  None. Ray is not imported here: a process that has not imported it is no Ray worker."""
+  ray = sys.modules.get("ray")
+  if ray is None or not ray.is_initialized():
+    return None
+  return ray.get_runtime_context().get_node_id()
+
+
 def machine() -> dict[str, Any]:
   """The machine and software a run executed on: CPU, cores, OS, Python, JAX's backend and devices, and the
-  versions of the libraries that compute results."""
+  versions of the libraries that compute results; the host's name and its Ray node (`ray_node`), which tell the
+  nodes of a cluster apart."""
   import flax
   import jax
   import jaxlib
@@ -72,7 +83,8 @@ def machine() -> dict[str, Any]:
   devices = jax.devices()
   return {"cpu": _cpu_model(), "cores": os.cpu_count(), "os": platform.platform(), "python": platform.python_version(),
           "backend": jax.default_backend(), "devices": f"{len(devices)} × {devices[0].device_kind}",
-          "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__, "optax": optax.__version__}
+          "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__, "optax": optax.__version__,
+          "host": platform.node(), "ray_node": ray_node()}
 
 
 def of_run(dataset: Any) -> dict[str, Any]:
@@ -83,4 +95,4 @@ def of_run(dataset: Any) -> dict[str, Any]:
           "machine": machine()}
 
 
-__all__ = ["code_version", "data_fingerprint", "machine", "of_run"]
+__all__ = ["code_version", "data_fingerprint", "machine", "of_run", "ray_node"]

@@ -5,7 +5,12 @@ unwinds (summary written with status `interrupted`, files closed, the workdir lo
 line turns the exception into its exit code (130 / 143); a second one while it stops (an impatient Ctrl-C, a
 scheduler's SIGTERM after it) is dropped, so the stop completes and the exit code stays the first signal's.
 `exit_on_signal(code)`, once the exit code is known, makes a later signal end the process at once with that
-code (not a traceback from the interpreter's clean-up). `deferred_signals()` holds a signal back while
+code (not a traceback from the interpreter's clean-up). `end_process(code)` then ends the process without the
+interpreter's finalization: a signal that arrived while XLA compiled left that compile running on JAX's
+compile threads, and the finalization would free the JAX client under it (a segmentation fault), and it
+restores the default handlers, under which one more signal would kill the process instead of letting it
+exit with its code. `exit_while_starting()` covers the start (imports, flags, the config file), before
+anything is written: a signal then ends the process at once, in one line. `deferred_signals()` holds a signal back while
 something that must not be cut (a checkpoint write) finishes, then delivers it: a signal is never lost,
 and never lands half-way through a checkpoint.
 
@@ -16,11 +21,12 @@ A module of its own, standard library only, because the simulator's recorder and
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
 from fedpsa_jax import errors
 
@@ -49,15 +55,50 @@ def handle_signals() -> None:
     signal.signal(signum, handler)
 
 
+def exit_while_starting() -> None:
+  """Until `handle_signals`, SIGINT or SIGTERM end the process at once with one line and 128 + the signal:
+  nothing is written before a mode starts (imports, flags, the config file), so there is nothing to stop
+  cleanly, and Python's KeyboardInterrupt would print the traceback of whatever import it cut (main thread
+  only; standard library only, so that launch.py can call it before importing anything else)."""
+  def handler(signum: int, frame: Any) -> None:
+    del frame
+    with contextlib.suppress(OSError):  # (stderr closed: the exit code still says it)
+      os.write(2, f"interrupted by {signal.Signals(signum).name} while starting: nothing was run or "
+                  "written\n".encode())
+    os._exit(128 + signum)
+
+  for signum in SIGNALS:
+    signal.signal(signum, handler)
+
+
+def _flush_streams() -> None:
+  for stream in (sys.stdout, sys.stderr):
+    with contextlib.suppress(Exception):  # (a closed pipe: nothing more can reach it)
+      stream.flush()
+
+
+def end_process(code: int) -> NoReturn:
+  """Ends the process now with `code`, once everything is written and closed (the command line, after a
+  stop): stdout, stderr and the log handlers flushed, a Ray instance this process started shut down, and
+  no interpreter finalization, whose freeing of the JAX client can crash under a compile that the signal
+  left running on JAX's threads, and which restores the default signal handlers."""
+  _flush_streams()
+  with contextlib.suppress(Exception):
+    logging.shutdown()
+  ray = sys.modules.get("ray")  # (never imported here: only a sweep with --executor=ray started one)
+  if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+    with contextlib.suppress(Exception):
+      ray.shutdown()
+  os._exit(code)
+
+
 def exit_on_signal(code: int) -> None:
   """From now on (the program is exiting with `code`) SIGINT and SIGTERM end the process at once with `code`,
   stdout and stderr flushed: nothing is left to save, and a signal inside the interpreter's clean-up (JAX's
   atexit hooks) would otherwise print a traceback there (main thread only)."""
   def handler(signum: int, frame: Any) -> None:
     del signum, frame
-    for stream in (sys.stdout, sys.stderr):
-      with contextlib.suppress(Exception):
-        stream.flush()
+    _flush_streams()
     os._exit(code)
 
   for signum in SIGNALS:

@@ -26,7 +26,14 @@ metrics and events, not its checkpoints) is also kept in DIR/runs/<member>, and 
 done for its config starts done (`restore_records`): DIR, small enough to commit, is a sweep directory the report
 reads, and it carries a sweep's finished members to a fresh machine (docs/results.md keeps its sweeps so).
 A running sweep holds `SWEEP_DIR/.lock` (`locked`) from writing sweep.json to its last member: a second
-sweep on the same directory is refused at once (ConfigError), never run beside it.
+sweep on the same directory is refused at once (ConfigError), never run beside it. Before any of that, a symbolic
+link among what the sweep writes in either directory (`SWEEP_WRITES`, `RECORDS_WRITES`: every member's files
+included) is refused (`check_dirs`), and records are copied with links kept as links: a record's file linked
+elsewhere never brings the file it points to into a sweep or a records directory.
+Both executors hand their members' outcomes to one loop (`_collect`: failures, a full disk, records, the log).
+On Ray each member is a task of its own process that asks for `RayResources` (CPUs, a share of one GPU with JAX's
+memory capped to it) and runs again, from its checkpoint, when its node is lost (docs/reproducing.md, "On a
+cluster").
 
 Expanding a sweep imports no JAX by itself; validating its members loads the strategies (which do).
 """
@@ -42,7 +49,7 @@ import os
 import re
 import shutil
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, MutableMapping, Sequence
 
 import ml_collections
 
@@ -59,6 +66,10 @@ FINISHED = ("completed", "diverged")  # the run statuses whose record is kept (`
 LOCK_FILE = io.LOCK_FILE
 RUNS_DIR = "runs"
 EXECUTORS = ("local", "ray")
+# What a sweep writes, moves or deletes in its directory and in a records directory (the folders with all they
+# hold: every member's run directory): none may be a symbolic link (`io.refuse_links`).
+SWEEP_WRITES = (LOCK_FILE, SWEEP_FILE, SWEEP_FILE + io.TMP_SUFFIX, RUNS_DIR)
+RECORDS_WRITES = (SWEEP_FILE, SWEEP_FILE + io.TMP_SUFFIX, RUNS_DIR)
 _LABEL = re.compile(r"^[A-Za-z0-9._+-]+$")  # labels become directory names: keep them portable
 # Every member is a full run (minutes to days) expanded, validated and listed in sweep.json before the first
 # one starts: beyond these counts a sweep is a typo (`seeds=1e9`), refused before anything is expanded. The
@@ -238,12 +249,12 @@ def run_member(config_json: dict[str, Any], run_dir: str, compilation_cache: str
   run directories and give the same summaries. A partial run directory continues from its checkpoint.
   `compilation_cache`: a directory for `compilation_cache.enable` (None: leave JAX as configured).
   """
+  if is_done(config_json, run_dir):  # (before JAX is imported: a Ray task's fresh process skips it cheaply)
+    return {**io.read_summary(run_dir), "sweep_action": "skipped"}
   from fedpsa_jax.sim import runner  # imported here: expanding a sweep needs no JAX
 
   if compilation_cache:
     compilation_cache_lib.enable(compilation_cache)
-  if is_done(config_json, run_dir):
-    return {**io.read_summary(run_dir), "sweep_action": "skipped"}
   config = ml_collections.ConfigDict(config_json)
   runner.Simulation(config, run_dir).run()
   return {**io.read_summary(run_dir), "sweep_action": "ran"}
@@ -257,6 +268,7 @@ def check_records_dir(records_dir: str, sweep: ml_collections.ConfigDict, sweep_
                       "records are a copy of the finished members, without their checkpoints)")
   if os.path.lexists(records_dir) and not os.path.isdir(records_dir):
     raise ConfigError(f"--records={records_dir!r} is not a directory; allowed: a directory (made if missing)")
+  io.refuse_links(records_dir, RECORDS_WRITES, "--records")  # (a member's file linked elsewhere is never copied)
   if not os.path.exists(os.path.join(records_dir, SWEEP_FILE)):
     return
   try:
@@ -267,6 +279,18 @@ def check_records_dir(records_dir: str, sweep: ml_collections.ConfigDict, sweep_
   if kept != sweep.name:
     raise ConfigError(f"--records={records_dir!r} holds the records of sweep {kept!r}, not of {sweep.name!r}; "
                       "allowed: the records directory of this sweep, or a new one")
+
+
+def check_dirs(sweep: ml_collections.ConfigDict, sweep_dir: str, records_dir: str | None,
+               compilation_cache: str | None) -> None:
+  """ConfigError before any work when the sweep directory holds an entry the sweep writes through that is a symbolic
+  link (`SWEEP_WRITES`, every member's run directory included, and the compilation cache when it lies in there), or
+  when `records_dir` cannot keep this sweep's records (`check_records_dir`)."""
+  cache = [os.path.relpath(compilation_cache, sweep_dir)] if compilation_cache and os.path.abspath(
+      os.path.dirname(compilation_cache)) == os.path.abspath(sweep_dir) else []
+  io.refuse_links(sweep_dir, (*SWEEP_WRITES, *cache))
+  if records_dir:
+    check_records_dir(records_dir, sweep, sweep_dir)
 
 
 def save_record(run_dir: str, records_dir: str, name: str) -> bool:
@@ -284,8 +308,8 @@ def save_record(run_dir: str, records_dir: str, name: str) -> bool:
       shutil.rmtree(leftover, ignore_errors=True)
     os.makedirs(fresh)
     for file in RECORD_FILES:
-      if os.path.exists(os.path.join(run_dir, file)):
-        shutil.copy2(os.path.join(run_dir, file), fresh)
+      if os.path.exists(os.path.join(run_dir, file)):  # (a link, made since the check, is copied as a link)
+        shutil.copy2(os.path.join(run_dir, file), fresh, follow_symlinks=False)
     if os.path.exists(target):
       os.replace(target, stale)
     os.replace(fresh, target)
@@ -306,7 +330,7 @@ def restore_records(records_dir: str, sweep_dir: str, members: Sequence[Member])
       continue
     try:
       shutil.rmtree(f"{run_dir}.new", ignore_errors=True)  # (a copy an interrupted restore left)
-      shutil.copytree(record, f"{run_dir}.new")
+      shutil.copytree(record, f"{run_dir}.new", symlinks=True)  # (links as links, never their targets)
       os.replace(f"{run_dir}.new", run_dir)
     except OSError as err:
       raise OutputWriteError.of(err, err.filename or run_dir) from None
@@ -335,33 +359,49 @@ def _failure(member: Member, err: BaseException) -> dict[str, Any]:
   return {"status": "failed", "sweep_action": "failed", "error": f"{type(err).__name__}: {err}", "member": member.name}
 
 
+# One member's outcome as an executor hands it over: the member and a call that returns its summary (running
+# it, for the local executor; reading a finished task's result, for Ray) or raises what the member raised.
+Completion = tuple[Member, Callable[[], dict]]
+
+
+def _collect(members: Sequence[Member], completions: Iterator[Completion], sweep_dir: str, records_dir: str | None,
+             log: Callable[[str], None], stop: Callable[[], None] = lambda: None) -> dict[str, dict]:
+  """The member loop both executors share: each member's summary as it completes, its record kept, a line logged;
+  {member name: summary}, in axis order.
+
+  A member that raises an Exception is recorded as failed and the sweep goes on, except on a full disk (every
+  member after it would fail alike): `stop()` (the executor's members still running are cancelled) and the
+  member's OutputWriteError. `records_dir`: see the module docstring (each member's record is saved once it has
+  finished, skipped members' too)."""
+  results, start = {}, time.perf_counter()
+  for m, outcome in completions:
+    try:
+      results[m.name] = outcome()
+    except Exception as err:  # noqa: BLE001 — one broken member must not stop a long sweep
+      if is_disk_full(err):
+        stop()
+      _stop_if_disk_full(err, member_dir(sweep_dir, m))
+      results[m.name] = _failure(m, err)
+    if records_dir:
+      save_record(member_dir(sweep_dir, m), records_dir, m.name)
+    log(f"[{len(results)}/{len(members)}] {m.name}: {_outcome(results[m.name])} "
+        f"({time.perf_counter() - start:.1f} s into the sweep)")
+  return {m.name: results[m.name] for m in members}
+
+
 def run_local(sweep: ml_collections.ConfigDict, sweep_dir: str, log: Callable[[str], None] = print,
               compilation_cache: str | None = None, records_dir: str | None = None) -> dict[str, dict]:
   """Runs every member one after another in this process, seed by seed (`run_order`); {member name: summary},
-  in axis order.
-
-  A member that raises an Exception is recorded as failed and the sweep goes on, except on a full disk (every
-  member after it would fail alike): that stops the sweep with the member's OutputWriteError, as an
-  interruption (KeyboardInterrupt) does; rerunning resumes (finished members are skipped). `records_dir`: see
-  the module docstring (each member's record is saved once it has finished, skipped members' too)."""
+  in axis order. A failed member, a full disk and `records_dir`: as `_collect` says. An interruption
+  (KeyboardInterrupt) stops the sweep; rerunning resumes (finished members are skipped)."""
   members = expand(sweep)
-  if records_dir:
-    check_records_dir(records_dir, sweep, sweep_dir)
+  check_dirs(sweep, sweep_dir, records_dir, compilation_cache)
   with locked(sweep_dir, sweep.name):
     write_sweep_json(sweep, members, sweep_dir)
     _open_records(sweep, members, sweep_dir, records_dir, log)
-    results = {}
-    for i, m in enumerate(run_order(members)):
-      start = time.perf_counter()
-      try:
-        results[m.name] = run_member(io.config_json(m.config), member_dir(sweep_dir, m), compilation_cache)
-      except Exception as err:  # noqa: BLE001 — one broken member must not stop a long sweep
-        _stop_if_disk_full(err, member_dir(sweep_dir, m))
-        results[m.name] = _failure(m, err)
-      if records_dir:
-        save_record(member_dir(sweep_dir, m), records_dir, m.name)
-      log(f"[{i + 1}/{len(members)}] {m.name}: {_outcome(results[m.name])} ({time.perf_counter() - start:.1f} s)")
-  return {m.name: results[m.name] for m in members}
+    completions = ((m, lambda m=m: run_member(io.config_json(m.config), member_dir(sweep_dir, m), compilation_cache))
+                   for m in run_order(members))
+    return _collect(members, completions, sweep_dir, records_dir, log)
 
 
 def _outcome(summary: dict[str, Any]) -> str:
@@ -371,68 +411,145 @@ def _outcome(summary: dict[str, Any]) -> str:
   return f"{summary['sweep_action']}, {summary.get('status')}" + (f", final acc {acc:.4f}" if acc is not None else "")
 
 
+# --- Ray ------------------------------------------------------------------------------------------------
+
+# A member's share of one GPU when none is asked for (`RayResources.gpus` None) on a cluster with GPUs. Provisional:
+# four members per device, until the several-members-per-device measurement (docs/performance.md, "Several
+# members per device") has been taken on a GPU.
+DEFAULT_GPU_SHARE = 0.25
+# The part of its share of the device's memory a member's JAX may allocate: the rest is the process's own CUDA
+# context and the libraries' workspaces, which JAX's allocator does not count.
+GPU_MEMORY_OF_SHARE = 0.9
+# How often Ray runs a member again whose process or node was lost (the task's `max_retries`): it continues
+# from the member's last checkpoint in the shared sweep directory.
+MEMBER_RETRIES = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class RayResources:
+  """What each member's Ray task asks for and runs with (`--ray_cpus_per_member`, `--ray_gpus_per_member`)."""
+
+  cpus: int = 1  # Ray `num_cpus`, and the member's host devices (its client trainers on a CPU; GPUs are unaffected)
+  gpus: float | None = None  # the share of one GPU, 0 to 1; None: DEFAULT_GPU_SHARE on a cluster with GPUs, else 0
+
+  def problems(self) -> list[str]:
+    """One line per bad field, naming its flag and what is allowed; [] when both are fine."""
+    out = []
+    if isinstance(self.cpus, bool) or not isinstance(self.cpus, int) or self.cpus < 1:
+      out.append(f"--ray_cpus_per_member={self.cpus!r} is invalid; allowed: an integer >= 1 (the CPUs Ray reserves "
+                 "for each member, and its host devices on a CPU)")
+    if self.gpus is not None and not (isinstance(self.gpus, (int, float)) and not isinstance(self.gpus, bool)
+                                      and 0 <= self.gpus <= 1 and math.isfinite(self.gpus)):
+      out.append(f"--ray_gpus_per_member={self.gpus!r} is invalid; allowed: a number from 0 to 1 (each member's "
+                 "share of one GPU; 0: no GPU)")
+    return out
+
+  def gpu_share(self, cluster_gpus: float) -> float:
+    """The share each member asks for on a cluster with `cluster_gpus` GPUs in all."""
+    return self.gpus if self.gpus is not None else (DEFAULT_GPU_SHARE if cluster_gpus > 0 else 0.0)
+
+
+MEMORY_FRACTION = "XLA_CLIENT_MEM_FRACTION"  # jaxlib's cap on its allocator, a fraction of the device's memory
+DEPRECATED_MEMORY_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"  # its old name, refused beside the new one
+
+
+def member_env(gpu_share: float) -> dict[str, str]:
+  """The environment a member's process runs with for its share of a GPU: no preallocation of the whole device,
+  and JAX's allocator capped to GPU_MEMORY_OF_SHARE of the share (both read when JAX starts its GPU backend)."""
+  if gpu_share <= 0:
+    return {}
+  return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", MEMORY_FRACTION: f"{GPU_MEMORY_OF_SHARE * gpu_share:.4g}"}
+
+
+def apply_member_env(environ: MutableMapping[str, str], env: Mapping[str, str]) -> None:
+  """Sets `env` (`member_env`) in `environ`; where it caps the memory, a cap under the old name goes (jaxlib
+  refuses both names at once, and the share Ray reserved is the one that holds)."""
+  environ.update(env)
+  if MEMORY_FRACTION in env:
+    environ.pop(DEPRECATED_MEMORY_FRACTION, None)
+
+
+def run_remote_member(env: dict[str, str], host_devices: int, config_json: dict[str, Any], run_dir: str,
+                      compilation_cache: str | None) -> dict[str, Any]:
+  """A member's Ray task: in a fresh worker process (the task's `max_calls=1`: nothing is carried from one member
+  to the next), `env` and the host devices are set before JAX starts, then `run_member`. An XLA_FLAGS that already
+  sets the host device count wins."""
+  apply_member_env(os.environ, env)
+  xla_flags = os.environ.get("XLA_FLAGS", "")
+  if host_devices > 1 and "xla_force_host_platform_device_count" not in xla_flags:
+    os.environ["XLA_FLAGS"] = f"{xla_flags} --xla_force_host_platform_device_count={host_devices}".strip()
+  return run_member(config_json, run_dir, compilation_cache)
+
+
 def run_ray(sweep: ml_collections.ConfigDict, sweep_dir: str, address: str | None = None,
-            num_cpus_per_member: float = 1.0, log: Callable[[str], None] = print,
+            resources: RayResources = RayResources(), log: Callable[[str], None] = print,
             compilation_cache: str | None = None, records_dir: str | None = None) -> dict[str, dict]:
-  """Runs every member as a Ray task (`run_member` remotely), submitted seed by seed (`run_order`); {member name:
+  """Runs every member as a Ray task (`run_remote_member`), submitted seed by seed (`run_order`); {member name:
   summary}, in axis order.
 
   `address`: the cluster to join (`ray.init(address=...)`; 'auto' for the local node's cluster); None
   joins an already initialised Ray or starts a local instance. The sweep directory must be on storage
-  every node sees (a shared filesystem), and fedpsa_jax importable on every node. Members that are done
-  are skipped by the task itself, so a resumed sweep costs one cheap task per finished member. `records_dir`: as
-  `run_local`'s, written here as each task returns (from the shared sweep directory).
+  every node sees (a shared filesystem), and fedpsa_jax importable on every node. Each task asks for
+  `resources` and runs in a process of its own; a task whose node is lost runs again (MEMBER_RETRIES) and
+  continues from the member's checkpoint. Members that are done are skipped by the task itself, so a resumed
+  sweep costs one short task (a process that imports no JAX) per finished member. A failed member, a full disk
+  and `records_dir`: as `_collect` says (records written here as each task returns, from the shared sweep
+  directory).
   """
+  problems = resources.problems()
+  if problems:
+    raise ConfigError(problems[0])
   try:
     import ray
   except ImportError as err:
     raise ConfigError("--executor=ray needs the ray package (pip install ray); allowed: --executor=local, "
                                  "or install ray") from err
   members = expand(sweep)  # (every member validated before Ray starts)
-  if records_dir:
-    check_records_dir(records_dir, sweep, sweep_dir)
+  check_dirs(sweep, sweep_dir, records_dir, compilation_cache)
   with locked(sweep_dir, sweep.name):
-    return _run_ray_members(ray, sweep, members, sweep_dir, address, num_cpus_per_member, log, compilation_cache,
-                            records_dir)
+    return _run_ray_members(ray, sweep, members, sweep_dir, address, resources, log, compilation_cache, records_dir)
 
 
 def _run_ray_members(ray: Any, sweep: ml_collections.ConfigDict, members: Sequence[Member], sweep_dir: str,
-                     address: str | None, num_cpus_per_member: float, log: Callable[[str], None],
+                     address: str | None, resources: RayResources, log: Callable[[str], None],
                      compilation_cache: str | None, records_dir: str | None) -> dict[str, dict]:
   """`run_ray`'s work once the sweep directory is locked."""
   write_sweep_json(sweep, members, sweep_dir)
   _open_records(sweep, members, sweep_dir, records_dir, log)
   if not ray.is_initialized():
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
-  task = ray.remote(num_cpus=num_cpus_per_member)(run_member)
+  share = resources.gpu_share(ray.cluster_resources().get("GPU", 0))
+  task = ray.remote(num_cpus=resources.cpus, num_gpus=share, max_calls=1, max_retries=MEMBER_RETRIES)(
+      run_remote_member)
   sweep_dir = os.path.abspath(sweep_dir)
   cache = os.path.abspath(compilation_cache) if compilation_cache else None
-  refs = {task.remote(io.config_json(m.config), member_dir(sweep_dir, m), cache): m for m in run_order(members)}
-  results, pending = {}, list(refs)
-  while pending:
-    done, pending = ray.wait(pending, num_returns=1)
-    m = refs[done[0]]
-    try:
-      results[m.name] = ray.get(done[0])
-    except Exception as err:  # noqa: BLE001 — a failed task is one failed member (RayTaskError wraps it)
-      if is_disk_full(err):  # (the members still running would fail alike)
-        for ref in pending:
-          ray.cancel(ref)
-      _stop_if_disk_full(err, member_dir(sweep_dir, m))
-      results[m.name] = _failure(m, err)
-    if records_dir:
-      save_record(member_dir(sweep_dir, m), records_dir, m.name)
-    log(f"[{len(results)}/{len(members)}] {m.name}: {_outcome(results[m.name])}")
-  return {m.name: results[m.name] for m in members}
+  refs = {task.remote(member_env(share), resources.cpus, io.config_json(m.config), member_dir(sweep_dir, m), cache): m
+          for m in run_order(members)}
+  log(f"{len(refs)} members submitted, each asking for {resources.cpus} CPU(s)"
+      + (f" and {share:g} of a GPU" if share else ""))
+
+  def completions() -> Iterator[Completion]:
+    pending = list(refs)
+    while pending:
+      done, pending = ray.wait(pending, num_returns=1)
+      yield refs[done[0]], lambda ref=done[0]: ray.get(ref)  # (a failed task raises; RayTaskError wraps it)
+
+  def cancel_running() -> None:  # (on a full disk: the members still running would fail alike)
+    for ref in refs:
+      ray.cancel(ref)
+
+  return _collect(members, completions(), sweep_dir, records_dir, log, stop=cancel_running)
 
 
 def run(sweep: ml_collections.ConfigDict, sweep_dir: str, executor: str = "local", address: str | None = None,
         log: Callable[[str], None] = print, compilation_cache: str | None = None,
-        records_dir: str | None = None) -> dict[str, dict]:
+        records_dir: str | None = None, resources: RayResources = RayResources()) -> dict[str, dict]:
   """Runs a sweep with the named executor ('local' or 'ray'); {member name: summary}. `records_dir`: where
-  the finished members' records are kept as well (module docstring); None: nowhere else."""
+  the finished members' records are kept as well (module docstring); None: nowhere else. `resources`: what each
+  member's Ray task asks for (Ray only)."""
   if executor not in EXECUTORS:
     raise ConfigError(f"--executor={executor!r} is invalid; allowed: {', '.join(EXECUTORS)}")
   if executor == "ray":
-    return run_ray(sweep, sweep_dir, address, log=log, compilation_cache=compilation_cache, records_dir=records_dir)
+    return run_ray(sweep, sweep_dir, address, resources, log=log, compilation_cache=compilation_cache,
+                   records_dir=records_dir)
   return run_local(sweep, sweep_dir, log=log, compilation_cache=compilation_cache, records_dir=records_dir)

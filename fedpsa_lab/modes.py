@@ -28,7 +28,7 @@ def run_report(workdir: str | None, config: ml_collections.ConfigDict | None = N
     written = report.build(workdir, layout)
   except report.ReportError as err:  # (report.py's own error type: bad input as well)
     raise errors.UserError(str(err)) from None
-  print("\n".join(["report written:", *written]))
+  cli.say("\n".join(["report written:", *written]))
   return cli.EXIT_OK
 
 

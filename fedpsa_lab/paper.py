@@ -181,3 +181,25 @@ def on_dataset(c: ml_collections.ConfigDict, name: str, smoke: bool) -> ml_colle
   """`c` set to one dataset and the paper's model for it (smoke: the stand-ins), as `dataset_axis` does."""
   (_, [(_, fields)]) = dataset_axis((name,), smoke)
   return config_lib.set_fields(c, fields)
+
+
+def seed_contrast_plan(contrasts: list) -> ml_collections.ConfigDict:
+  """A results sweep's declared analysis (`fedpsa_lab.contrasts`): the seed as the unit, α averaged within a seed,
+  the primary endpoint (the mean test accuracy over the last 10% of the run) and the secondary ones, and the
+  family `contrasts`, [[name, {arm label: coefficient}]] with coefficients summing to 0, Holm-adjusted together."""
+  a = ml_collections.ConfigDict()
+  a.unit = "seed"  # the replicate: members sharing a seed are paired, their α averaged within the seed
+  a.axis = "method"  # the axis whose labels the contrasts weigh
+  a.blocks = ["alpha"]  # axes averaged within each seed before the test
+  a.primary = "tail_test_accuracy"  # mean test accuracy over the evaluations in the last `tail_fraction` of the run
+  a.tail_fraction = 0.1  # the primary endpoint's window, a fraction of sim.virtual_days
+  a.secondary = ["final_test_accuracy", "aulc_per_day"]  # summary.json fields, reported beside the primary
+  a.scale = 100.0  # effects in percentage points
+  a.contrasts = contrasts  # the family
+  return a
+
+
+def arms_axis(arms: tuple) -> tuple[sweep.Axis, dict[str, str]]:
+  """The `method` axis of arms (label, fields, printed name), and the display names with the arms' added."""
+  return ("method", [(label, fields) for label, fields, _ in arms]), {
+      **DISPLAY_NAMES, **{label: name for label, _, name in arms}}

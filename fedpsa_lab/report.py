@@ -41,7 +41,7 @@ import pandas as pd
 
 from fedpsa_jax import errors, io
 from fedpsa_jax import sweep as sweep_lib
-from fedpsa_lab import figures, report_lib, report_stats
+from fedpsa_lab import contrasts, event_correlations, figures, report_lib, report_stats
 from fedpsa_lab.report_lib import ReportError, ReportKind, SweepReport
 
 REPORT_DIR = "report"
@@ -165,13 +165,15 @@ def sweep_report(sweep_dir: str, layout: dict[str, Any] | None = None) -> list[s
   os.makedirs(out, exist_ok=True)
   if "bytes_uploaded" in frame:
     frame["bytes_communicated"] = frame["bytes_uploaded"].astype(float) + frame["bytes_downloaded"].astype(float)
-  # Relative to the sweep directory: a report copied elsewhere (docs/results/) names no path of the machine
+  # Relative to the sweep directory: a report copied elsewhere (results/) names no path of the machine
   # that ran it, and stays true when the sweep directory moves.
   listed = frame.assign(run_dir=[os.path.relpath(d, sweep_dir) for d in frame["run_dir"]])
   written = [report_lib.write_csv(listed.set_index("member"), os.path.join(out, "members.csv"))]
   title = f"# {sweep.get('name')}: {sweep.get('description', '')}\n"  # (the name says -smoke for a smoke run)
   if spec.get("rows") or spec.get("cols"):
     written += _tables(sweep, frame, spec, out, title)
+  written += contrasts.write(frame, sweep, out, title)  # the declared analysis (`analysis`), if any
+  written += event_correlations.write(frame, spec, out, title)  # `report.partial_correlations`, if any
   written += kinds[kind](SweepReport(sweep_dir, sweep, frame, spec, out, title))
   run_dirs = [d for d in frame["run_dir"] if os.path.exists(os.path.join(d, "metrics.jsonl"))]
   for d in run_dirs:
@@ -195,6 +197,7 @@ def build(workdir: str, layout: dict[str, Any] | None = None) -> list[str]:
   A file of the directory that cannot be read, or is not what a run or sweep writes, is an
   `errors.DamagedRunFile` naming it (the readers in `io`); a report file that cannot be written (a
   read-only or full file system) an `errors.OutputWriteError`."""
+  io.refuse_links(workdir, (REPORT_DIR,))  # (the report is written, and its old files replaced, in there)
   try:
     if os.path.exists(os.path.join(workdir, sweep_lib.SWEEP_FILE)):
       return sweep_report(workdir, layout)

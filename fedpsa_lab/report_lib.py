@@ -104,10 +104,10 @@ class Table:
   layout, row labels as the leading columns), the cells' means, the half-widths of their 95% t-intervals over
   seeds (NaN with one seed), their seed counts, and (with a reference) the paired comparison of each cell with
   the reference's cell of the same column: rows of `paired` are (row key, column, Δ, half-width, p, n); and with
-  two or more columns, each row's difference over all columns at once (`report_stats.pooled_difference`): rows
-  of `pooled` are (row key, columns, Δ, half-width, p, the half-width and p with each column's own spread
-  (`report_stats.per_column_difference`), pairs, the pairs above and below the reference, the published Δ
-  averaged over those columns)."""
+  two or more columns, each row's difference over all columns at once with the seed as the unit
+  (`report_stats.seed_blocked`: per seed the mean of its columns' differences, then a t-test over the seeds): rows
+  of `pooled` are (row key, columns, Δ, half-width, p, seeds, pairs, the pairs above and below the reference, the
+  published Δ averaged over those columns)."""
 
   markdown: str
   means: pd.DataFrame
@@ -130,7 +130,7 @@ class Cells:
   means: np.ndarray  # the mean over seeds (NaN: no completed member)
   half_widths: np.ndarray  # the half-width of its 95% t-interval (NaN with one seed, and in the extra columns)
   counts: np.ndarray  # seeds per cell
-  marks: np.ndarray  # +1 / -1: significantly above / below the reference's cell (paired over seeds); 0: neither
+  marks: np.ndarray  # +1 / -1: above / below the reference's cell after Holm (paired over seeds); 0: neither
   excluded: np.ndarray  # the sweep leaves the cell out (`exclude`)
   bold: np.ndarray  # the best of its column (within its first row axis' group, with two or more row axes)
   paired: pd.DataFrame | None  # `Table.paired`
@@ -148,9 +148,9 @@ def paper_table(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
   matching `where`: its numbers (`paper_cells`) and their markdown (`table_markdown`). Cells print the mean over
   seeds, ± the half-width of its 95% t-interval when a cell has several seeds; with `reference` ({axis: label},
   e.g. {"method": "fedbuff"}), a cell whose paired difference from the reference's cell (same column, same
-  seeds; `report_stats.paired_difference`) is significant gets ▲ (above) or ▼ (below), and each row is also
-  compared over all its columns at once (`Table.pooled`). A caption under the table says how many seeds the
-  cells have."""
+  seeds; `report_stats.paired_difference`) is significant after Holm's adjustment over every such comparison of
+  the table gets ▲ (above) or ▼ (below), and each row is also compared over all its columns at once
+  (`Table.pooled`). A caption under the table says how many seeds the cells have."""
   cells = paper_cells(sweep, frame, spec, where)
   index = pd.MultiIndex.from_tuples(cells.row_keys, names=cells.rows) if cells.rows else None
   return Table(table_markdown(cells, spec), pd.DataFrame(cells.means, index=index, columns=cells.names),
@@ -176,7 +176,8 @@ def paper_cells(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
   counts = np.zeros(means.shape, int)
   marks = np.zeros(means.shape, int)
   excluded = np.zeros(means.shape, bool)
-  paired, pooled = [], {}  # pooled: {row key: ({column: [Δ per common seed]}, [published Δ per column])}
+  paired, pooled = [], {}  # pooled: {row key: ({column: {seed: Δ}}, [published Δ per column])}
+  compared = []  # [(i, j, PairedDifference)]: the table's family of comparisons with the reference
   for i, rk in enumerate(row_keys):
     for j, ck in enumerate(col_keys):
       labels = {**where, **dict(zip(rows, rk)), **dict(zip(cols, ck))}
@@ -188,15 +189,18 @@ def paper_cells(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any]
         base = cell_values(frame, {**labels, **reference}, metric, scale)
         if base:
           d = report_stats.paired_difference(values, base)
-          marks[i, j] = d.direction
+          compared.append((i, j, d))
           published_difference = _published(published, {**labels, **reference}, rows, ck, rk)
           paired.append((*rk, _key_text(spec, cols, ck) or metric, d.diff.mean, d.diff.half_width, d.p_value, d.diff.n,
                          published_difference))
           common = sorted(set(values) & set(base))
           if common:
             by_column, published_by_column = pooled.setdefault(rk, ({}, []))
-            by_column[ck] = [values[s] - base[s] for s in common]
+            by_column[ck] = {s: values[s] - base[s] for s in common}
             published_by_column.append(published_difference)
+  # ▲/▼ only where a difference survives Holm's adjustment over the table's comparisons read together.
+  for (i, j, d), p_holm in zip(compared, report_stats.holm([d.p_value for _, _, d in compared])):
+    marks[i, j] = int(np.sign(d.diff.mean)) if p_holm < report_stats.SIGNIFICANCE else 0
   col_names = [_key_text(spec, cols, ck) or metric for ck in col_keys]
   extra_means, extra_names = [], []
   if spec.get("row_mean"):
@@ -265,21 +269,21 @@ def table_markdown(cells: Cells, spec: dict[str, Any]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def _pooled_frame(pooled: dict[tuple, tuple[dict[tuple, list[float]], list[float]]], rows: list[str]) -> pd.DataFrame:
-  """`Table.pooled` from {row key: ({column: [Δ per common seed]}, [published Δ per column])}: one row per row
-  key compared in two or more columns."""
+def _pooled_frame(pooled: dict[tuple, tuple[dict[tuple, dict[int, float]], list[float]]], rows: list[str]
+                  ) -> pd.DataFrame:
+  """`Table.pooled` from {row key: ({column: {seed: Δ}}, [published Δ per column])}: one row per row key compared
+  in two or more columns, the seed as the unit (`report_stats.seed_blocked`: a seed's columns share its data,
+  partition, latencies and initial model, so its pairs are not independent)."""
   records = []
   for rk, (by_column, published_by_column) in pooled.items():
     if len(by_column) < 2:
       continue
-    d = report_stats.pooled_difference(by_column)
-    own = report_stats.per_column_difference(by_column)
-    every = np.concatenate(list(by_column.values()))
-    records.append((*rk, len(by_column), d.diff.mean, d.diff.half_width, d.p_value, own.diff.half_width, own.p_value,
-                    d.diff.n, int((every > 0).sum()), int((every < 0).sum()), float(np.mean(published_by_column))))
-  return pd.DataFrame(records, columns=[*rows, "n_columns", "difference", "ci95_half_width", "p_value",
-                                        "ci95_half_width_per_column", "p_value_per_column", "pairs", "above", "below",
-                                        "published_difference"])
+    d = report_stats.seed_blocked({"row": by_column}, {"row": 1.0})
+    every = np.array([v for column in by_column.values() for v in column.values()])
+    records.append((*rk, len(by_column), d.diff.mean, d.diff.half_width, d.p_value, d.diff.n, len(every),
+                    int((every > 0).sum()), int((every < 0).sum()), float(np.mean(published_by_column))))
+  return pd.DataFrame(records, columns=[*rows, "n_columns", "difference", "ci95_half_width", "p_value", "seeds",
+                                        "pairs", "above", "below", "published_difference"])
 
 
 def column_key(labels: Sequence[Any]) -> str:
@@ -325,8 +329,9 @@ def _caption(counts: np.ndarray, spec: dict[str, Any], reference: dict[str, Any]
           f"{'' if low > 1 else ' (none for a cell with one seed)'}.")
   if reference:
     name = " ".join(display_name(spec, v) for v in reference.values())
-    text += (f" ▲ / ▼: above / below {name} by more than the noise (paired t-test over the same seeds, "
-             f"p < {report_stats.SIGNIFICANCE:.2f}; paired.md has every difference).")
+    text += (f" ▲ / ▼: above / below {name} by more than the noise (paired t-test over the same seeds, Holm-adjusted "
+             f"over this table's comparisons, p (Holm) < {report_stats.SIGNIFICANCE:.2f}; paired.md has every "
+             "difference).")
   return text
 
 
@@ -345,14 +350,14 @@ def paired_markdown(paired: pd.DataFrame, spec: dict[str, Any], pooled: pd.DataF
                                                   "seeds", "metric", "published_difference")]
   level = f"{report_stats.SIGNIFICANCE:.2f}"
   sections = [f"Paired differences from {reference}: each cell minus {reference}'s cell of the same column, over "
-              f"the seeds both have (a paired t-test; 'larger than the noise' when p < {level}). Each table makes "
-              f"many comparisons at once, so some p < {level} are expected by chance alone: p (Holm) is p adjusted "
-              "over the comparisons of its table (Holm's step-down), and a difference whose p (Holm) is below "
-              f"{level} stays larger than the noise when all of them are read together.\n"]
+              f"the seeds both have (a paired t-test). Each table makes many comparisons at once, so some p < {level} "
+              "are expected by chance alone: p (Holm) is p adjusted over the comparisons of its table (Holm's "
+              f"step-down), and the verdict reads it: 'higher' or 'lower' when p (Holm) < {level}, 'within the noise' "
+              "otherwise. p is the unadjusted value, for reference.\n"]
   for metric, rows in paired.groupby("metric", sort=False):
     with_paper = rows["published_difference"].notna().any()
     extra = ["published Δ", "the published ordering"] if with_paper else []
-    stats = ["column", "Δ", "p", "p (Holm)", "seeds", "verdict"]
+    stats = ["column", "Δ", "p (unadjusted)", "p (Holm)", "seeds", "verdict"]
     lines = [f"## {display_name(spec, metric)}\n",
              "| " + " | ".join([display_name(spec, k) for k in keys] + stats + extra) + " |",
              "|" + "---|" * (len(keys) + len(stats) + len(extra))]
@@ -372,24 +377,21 @@ def _pooled_markdown(pooled: pd.DataFrame, keys: list[str], spec: dict[str, Any]
   Holm's adjustment over the rows, the pairs, a verdict and (where published) the published Δ averaged."""
   with_paper = pooled["published_difference"].notna().any()
   level = f"{report_stats.SIGNIFICANCE:.2f}"
-  stats = ["columns", "Δ", "p", "p (Holm)", "p (own spreads)", "pairs", "above / below", "verdict"] + (
+  stats = ["columns", "Δ", "p (unadjusted)", "p (Holm)", "seeds", "above / below", "verdict"] + (
       ["published Δ", "the published ordering"] if with_paper else [])
   lines = ["### Over all columns at once\n",
-           f"Each row against {reference} in every column together: Δ is the mean of the columns' differences (each "
-           "column weighs the same), and its interval and p come from the spread between seeds within each column, "
-           "pooled over the columns (a paired t-test on pairs − columns degrees of freedom, which reads the columns "
-           "as fixed: these settings, not a sample of settings). More pairs stand behind it than behind one cell, so "
-           f"it resolves smaller differences. p (Holm) is adjusted over this table's rows; 'larger than the noise' "
-           f"when p < {level}. p (own spreads) is a check on that pooling: each column's spread its own (Welch and "
-           "Satterthwaite's degrees of freedom), for columns whose seeds spread unequally; it is weaker with few "
-           f"seeds. Above / below: the pairs in which the row is above or below {reference}, a count that assumes "
-           "nothing of the differences' distribution.\n",
+           f"Each row against {reference} in every column together, with the seed as the unit: runs of one seed "
+           "share the data split, the partition, the clients' latencies and the initial model in every column, so "
+           "a seed's differences are not independent of each other. Δ is the mean over the seeds of each seed's "
+           "mean difference over the columns (each column weighs the same; a seed missing a column is left out), "
+           f"with its 95% t-interval and the one-sample t-test over the seeds. p (Holm) is adjusted over this "
+           f"table's rows, and the verdict reads it ('within the noise' unless p (Holm) < {level}). Above / below: "
+           f"the (seed, column) pairs in which the row is above or below {reference}.\n",
            "| " + " | ".join([display_name(spec, k) for k in keys] + stats) + " |",
            "|" + "---|" * (len(keys) + len(stats))]
   for _, r in pooled.iterrows():
     unknown = "too few seeds" if np.isnan(r.p_value) else ""
-    own = "n/a" if np.isnan(r.p_value_per_column) else f"{r.p_value_per_column:.3f}"
-    counts = [own, str(int(r.pairs)), f"{int(r.above)} / {int(r.below)}"]
+    counts = [str(int(r.seeds)), f"{int(r.above)} / {int(r.below)}"]
     cells = [str(int(r.n_columns)), *_comparison_cells(r, decimals, with_paper, unknown, counts)]
     lines.append("| " + " | ".join([display_name(spec, r[k]) for k in keys] + cells) + " |")
   return "\n".join(lines) + "\n"
@@ -397,10 +399,11 @@ def _pooled_markdown(pooled: pd.DataFrame, keys: list[str], spec: dict[str, Any]
 
 def _comparison_cells(r: pd.Series, decimals: int, with_paper: bool, unknown: str, counts: list[str]) -> list[str]:
   """A paired.md row's cells from Δ on: Δ ± half-width, p, p (Holm), `counts`, the verdict (`unknown` when
-  set, else whether Δ is larger than the noise) and, `with_paper`, the published Δ and its ordering."""
+  set, else whether Δ is larger than the noise after Holm's adjustment) and, `with_paper`, the published Δ and
+  its ordering."""
   half = "" if np.isnan(r.ci95_half_width) else f" ± {r.ci95_half_width:.{decimals}f}"
   p_text = lambda v: "n/a" if np.isnan(v) else f"{v:.3f}"
-  verdict = unknown or ("within the noise" if not r.p_value < report_stats.SIGNIFICANCE
+  verdict = unknown or ("within the noise" if not r.p_holm < report_stats.SIGNIFICANCE
                         else "higher" if r.difference > 0 else "lower")
   cells = [f"{r.difference:+.{decimals}f}{half}", p_text(r.p_value), p_text(r.p_holm), *counts, verdict]
   if with_paper:
@@ -551,8 +554,8 @@ def paired_figure(pooled: pd.DataFrame, spec: dict[str, Any], path: str) -> str:
   plt = pyplot()
   metrics = list(dict.fromkeys(pooled["metric"]))
   keys = [c for c in pooled.columns if c not in ("n_columns", "difference", "ci95_half_width", "p_value", "p_holm",
-                                                  "ci95_half_width_per_column", "p_value_per_column", "pairs",
-                                                  "above", "below", "metric", "published_difference")]
+                                                  "seeds", "pairs", "above", "below", "metric",
+                                                  "published_difference")]
   fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 0.45 * pooled.groupby("metric").size().max()
                                                      + 1.4), squeeze=False)
   reference = " ".join(display_name(spec, v) for v in dict(spec.get("reference") or {}).values())

@@ -5,9 +5,11 @@ the clients' response times and the initial model. So a method is compared with 
 seed (a paired test, which removes the variation the seeds share), and a cell's own spread is the Student-t
 interval of its mean over the seeds. Both need at least two seeds; with one, they are NaN and the report
 says it has one seed. A report makes many such comparisons at once (every method and column against the
-reference), so beside each p it gives Holm's adjustment over the comparisons of its table (`holm`). Three
-seeds resolve only large differences in one cell; a method's difference over all of a table's columns at once
-(`pooled_difference`) has more pairs behind it.
+reference), so beside each p it gives Holm's adjustment over the comparisons of its table (`holm`), and its
+verdicts read the adjusted p. Where results are pooled over settings (columns, blocks) that share a seed, the
+seed is the unit of analysis (`seed_blocked`): a contrast is computed within each seed, then tested over the
+seeds, never over the (seed, setting) pairs as if they were independent. `power_paired_t` and `sd_upper_bound`
+size a design from a pilot's spread.
 """
 
 from __future__ import annotations
@@ -76,52 +78,83 @@ def paired_difference(values: Mapping[int, float], reference: Mapping[int, float
   return PairedDifference(diff, p_value)
 
 
-def pooled_difference(differences: Mapping[Any, Sequence[float]]) -> PairedDifference:
-  """The paired difference over several columns at once, {column: [Δ of each common seed]}: the mean of the
-  columns' mean differences (every column weighs the same), with its t-interval and two-sided p from the spread
-  between seeds within each column, pooled: s² = Σ_c Σ_s (Δ_cs − Δ̄_c)² / (N − C) on N − C degrees of freedom
-  (N pairs, C columns) and SE² = s² Σ_c (1 / n_c) / C². One column gives the paired t-test. This reads the
-  columns as fixed (these α, not a sample of settings): how a column shifts every seed's difference is not noise,
-  and more pairs than a single cell's buy a test that can resolve a smaller difference. NaN p without a degree of
-  freedom; p = 0 when every pair of every column differs by its column's mean exactly."""
-  columns = [np.asarray(v, float) for v in differences.values() if len(v)]
-  n = sum(len(v) for v in columns)
-  if not columns:
-    return PairedDifference(Interval(math.nan, math.nan, 0), math.nan)
-  estimate = float(np.mean([v.mean() for v in columns]))
-  dof = n - len(columns)
-  if dof < 1:
-    return PairedDifference(Interval(estimate, math.nan, n), math.nan)
-  spread = sum(float(((v - v.mean()) ** 2).sum()) for v in columns) / dof
-  se = math.sqrt(spread * sum(1 / len(v) for v in columns)) / len(columns)
-  if se == 0:
-    return PairedDifference(Interval(estimate, 0.0, n), 0.0 if estimate != 0 else math.nan)
-  t = scipy.stats.t.ppf(0.5 + CONFIDENCE / 2, dof)
-  p_value = float(2 * scipy.stats.t.sf(abs(estimate) / se, dof))
-  return PairedDifference(Interval(estimate, float(t * se), n), p_value)
+def one_sample(values: Sequence[float]) -> PairedDifference:
+  """The mean of `values` (one per independent unit, e.g. a seed's contrast) with its t-interval and the two-sided
+  p of the one-sample t-test of mean 0 (`scipy.stats.ttest_1samp`); NaN p for fewer than two values, 0 when every
+  value is the same non-zero number (no noise at all)."""
+  v = np.asarray(values, float)
+  diff = interval(v)
+  p_value = math.nan
+  # (A spread at the level of float rounding is no spread: the t statistic would be rounding error.)
+  if len(v) >= 2 and np.ptp(v) > 1e-12 * max(1.0, float(np.abs(v).max())):
+    p_value = float(scipy.stats.ttest_1samp(v, 0.0).pvalue)
+  elif len(v) >= 2 and diff.mean != 0:
+    p_value = 0.0
+  return PairedDifference(diff, p_value)
 
 
-def per_column_difference(differences: Mapping[Any, Sequence[float]]) -> PairedDifference:
-  """`pooled_difference`'s estimate with each column's own spread instead of one pooled over the columns, for
-  columns whose seeds spread unequally: SE² = Σ_c v_c / C², v_c = s_c² / n_c (s_c² the column's sample variance),
-  on Welch and Satterthwaite's degrees of freedom (Σ_c v_c)² / Σ_c (v_c² / (n_c − 1)). With equal spreads and
-  pair counts it is `pooled_difference`; with two columns, Welch's t-test of the first against the second negated.
-  NaN p when a column has fewer than two pairs (no spread of its own)."""
-  columns = [np.asarray(v, float) for v in differences.values() if len(v)]
-  if not columns:
-    return PairedDifference(Interval(math.nan, math.nan, 0), math.nan)
-  n = sum(len(v) for v in columns)
-  estimate = float(np.mean([v.mean() for v in columns]))
-  if min(len(v) for v in columns) < 2:
-    return PairedDifference(Interval(estimate, math.nan, n), math.nan)
-  shares = np.array([v.var(ddof=1) / len(v) for v in columns])
-  se = math.sqrt(shares.sum()) / len(columns)
-  if se == 0:
-    return PairedDifference(Interval(estimate, 0.0, n), 0.0 if estimate != 0 else math.nan)
-  dof = shares.sum() ** 2 / sum(share ** 2 / (len(v) - 1) for share, v in zip(shares, columns))
-  t = scipy.stats.t.ppf(0.5 + CONFIDENCE / 2, dof)
-  p_value = float(2 * scipy.stats.t.sf(abs(estimate) / se, dof))
-  return PairedDifference(Interval(estimate, float(t * se), n), p_value)
+def seed_contrasts(values: Mapping[str, Mapping[Any, Mapping[int, float]]],
+                   weights: Mapping[str, float]) -> dict[int, float]:
+  """{seed: Σ_arm weights[arm] · (mean over blocks of values[arm][block][seed])}: a contrast of arms computed
+  within each seed, blocks (e.g. the α of a sweep) averaged first. Only seeds present in every block of every
+  weighted arm count (a partly finished seed is left out, not half-used)."""
+  arms = [a for a, w in weights.items() if w != 0]
+  blocks = sorted({b for a in arms for b in values.get(a, {})}, key=str)
+  seeds = None
+  for a in arms:
+    for b in blocks:
+      present = set(values.get(a, {}).get(b, {}))
+      seeds = present if seeds is None else seeds & present
+  return {s: float(sum(weights[a] * np.mean([values[a][b][s] for b in blocks]) for a in arms))
+          for s in sorted(seeds or ())}
+
+
+def seed_blocked(values: Mapping[str, Mapping[Any, Mapping[int, float]]],
+                 weights: Mapping[str, float]) -> PairedDifference:
+  """A contrast of arms with the seed as the unit of analysis: `seed_contrasts`, then `one_sample` over the seeds.
+
+  Members that share a seed share the data split, the partition, every client's latency and the initial model,
+  whatever their arm or block, so their results are not independent replicates: the seed is. For a difference
+  of two arms over one block this is the paired t-test; over several blocks it is the paired t-test of the
+  seeds' block means, which (balanced, every seed complete) is the test of the contrast in a mixed model with a
+  random seed effect and a random seed × contrast effect, with no normality assumed of the blocks."""
+  return one_sample(list(seed_contrasts(values, weights).values()))
+
+
+def power_paired_t(sd: float, n: int, effect: float, level: float = SIGNIFICANCE) -> float:
+  """The power of a two-sided one-sample (paired) t-test at `level` to detect a true mean `effect` with n units
+  whose values spread with standard deviation `sd`: P(|T| > t_crit) for T noncentral t on n − 1 degrees of freedom
+  with noncentrality effect √n / sd."""
+  dof, nc = n - 1, effect * math.sqrt(n) / sd
+  t_crit = scipy.stats.t.ppf(1 - level / 2, dof)
+  return float(scipy.stats.nct.sf(t_crit, dof, nc) + scipy.stats.nct.cdf(-t_crit, dof, nc))
+
+
+def sd_upper_bound(sd: float, n: int, confidence: float) -> float:
+  """The one-sided upper `confidence` bound on a normal standard deviation estimated as `sd` from n values:
+  sd · √((n − 1) / χ²_{1 − confidence, n − 1})."""
+  return float(sd * math.sqrt((n - 1) / scipy.stats.chi2.ppf(1 - confidence, n - 1)))
+
+
+def partial_correlation(x: np.ndarray, y: np.ndarray, covariates: np.ndarray,
+                        groups: np.ndarray | None = None) -> float:
+  """Pearson's correlation of x and y after both are regressed, by least squares, on an intercept per group (one
+  for all without `groups`) and the columns of `covariates` ([n, c]): the correlation the covariates (and what
+  each group shares) do not explain."""
+  x, y = np.asarray(x, float), np.asarray(y, float)
+  groups = np.zeros(len(x), int) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
+  design = np.column_stack([np.eye(groups.max() + 1)[groups], np.asarray(covariates, float).reshape(len(x), -1)])
+  residuals = [v - design @ np.linalg.lstsq(design, v, rcond=None)[0] for v in (x, y)]
+  return float(np.corrcoef(*residuals)[0, 1])
+
+
+def cluster_bootstrap(groups: Sequence[Any], statistic: Any, resamples: int, seed: int) -> np.ndarray:
+  """[resamples] values of `statistic(chosen)`, each `chosen` a list of `groups` drawn with replacement (as many
+  as there are): the bootstrap that resamples whole units (runs), not their rows, since the rows of one run are not
+  independent. A percentile interval is `np.nanpercentile(values, [2.5, 97.5])`."""
+  rng = np.random.default_rng(seed)
+  k = len(groups)
+  return np.array([statistic([groups[i] for i in rng.integers(0, k, k)]) for _ in range(resamples)])
 
 
 def holm(p_values: Sequence[float]) -> np.ndarray:
@@ -139,5 +172,6 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
   return adjusted
 
 
-__all__ = ["CONFIDENCE", "Interval", "PairedDifference", "SIGNIFICANCE", "holm", "interval", "paired_difference",
-           "per_column_difference", "pooled_difference"]
+__all__ = ["CONFIDENCE", "Interval", "PairedDifference", "SIGNIFICANCE", "holm", "interval", "one_sample",
+           "cluster_bootstrap", "paired_difference", "partial_correlation", "power_paired_t", "sd_upper_bound",
+           "seed_blocked", "seed_contrasts"]

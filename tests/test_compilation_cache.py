@@ -1,20 +1,23 @@
-"""fedpsa_jax/compilation_cache.py: entries a killed writer left are found and removed, on hand-made entries and
-on JAX's own (in fresh processes, since JAX reads its cache settings once per process)."""
+"""fedpsa_jax/compilation_cache.py: entries a killed writer left are found and removed, on entries made with JAX's
+own writer and on JAX's own files (in fresh processes, since JAX reads its cache settings once per process); the
+judgement follows JAX's reader, so a JAX whose entry layout changed keeps its whole entries."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import lzma
 import textwrap
-import zlib
 
 import pytest
+from jax._src import compilation_cache as jax_cache
 
 from fedpsa_jax import compilation_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENTRY = zlib.compress((1234).to_bytes(4, "big") + bytes(range(256)) * 8)  # JAX's layout: compile time, executable
+EXECUTABLE = bytes(range(256)) * 8
+ENTRY = jax_cache.compress_executable(jax_cache.combine_executable_and_time(EXECUTABLE, 1234))  # as JAX writes one
 
 
 def _write(path, name, data):
@@ -28,11 +31,37 @@ def test_a_cut_stream_is_incomplete_and_the_whole_one_is_complete(cut):
   assert not compilation_cache.is_complete(ENTRY[:cut])  # the last 4 bytes are the checksum: cut too
 
 
-def test_a_damaged_checksum_or_trailing_bytes_are_incomplete():
+def test_a_damaged_checksum_or_no_executable_is_incomplete():
   assert not compilation_cache.is_complete(ENTRY[:-1] + bytes([ENTRY[-1] ^ 1]))
-  assert not compilation_cache.is_complete(ENTRY + b"\0")
   assert not compilation_cache.is_complete(b"not compressed at all")
-  assert not compilation_cache.is_complete(zlib.compress(b"abc"))  # shorter than the compile-time prefix
+  assert not compilation_cache.is_complete(jax_cache.compress_executable(b"abc"))  # the compile time alone
+
+
+def test_a_jax_whose_entry_layout_changed_keeps_its_whole_entries_and_loses_its_cut_ones(tmp_path, monkeypatch):
+  """The check used to parse JAX 0.10's layout itself (zlib or zstd, a 4-byte compile time): a JAX that wrote
+  another one would have had every entry removed as damaged, at every start."""
+  monkeypatch.setattr(jax_cache, "compress_executable", lzma.compress)  # a JAX that compresses otherwise
+  monkeypatch.setattr(jax_cache, "decompress_executable", lzma.decompress)
+  compilation_cache._jax_entry_reader.cache_clear()
+  entry = jax_cache.compress_executable(jax_cache.combine_executable_and_time(EXECUTABLE, 1234))
+  _write(tmp_path, "jit_a-1-cache", entry)
+  _write(tmp_path, "jit_b-2-cache", entry[:len(entry) // 2])
+  try:
+    assert compilation_cache.repair(str(tmp_path)) == ["jit_b-2-cache"]
+  finally:
+    compilation_cache._jax_entry_reader.cache_clear()
+  assert os.listdir(tmp_path) == ["jit_a-1-cache"]
+
+
+def test_a_jax_without_an_entry_reader_has_nothing_removed(tmp_path, monkeypatch, caplog):
+  monkeypatch.delattr(jax_cache, "extract_executable_and_time")
+  compilation_cache._jax_entry_reader.cache_clear()
+  _write(tmp_path, "jit_b-2-cache", ENTRY[:100])
+  try:
+    assert compilation_cache.repair(str(tmp_path)) == []
+  finally:
+    compilation_cache._jax_entry_reader.cache_clear()
+  assert os.listdir(tmp_path) == ["jit_b-2-cache"] and "no entry reader" in caplog.text
 
 
 def test_repair_removes_truncated_entries_and_keeps_whole_ones(tmp_path):
@@ -94,7 +123,7 @@ def _compile(path, how, scale=2.0, max_size=None):
 @pytest.mark.slow
 def test_jax_warns_on_a_truncated_entry_forever_and_the_repaired_cache_is_whole_again(tmp_path):
   assert "Error" not in _compile(tmp_path, "enable")
-  entries = sorted(n for n in os.listdir(tmp_path) if n.endswith(compilation_cache.CACHE_SUFFIX))
+  entries = sorted(n for n in os.listdir(tmp_path) if n.endswith("-cache"))
   assert entries and compilation_cache.damaged_entries(str(tmp_path)) == []
   for name in entries:  # as a process killed halfway through writing each would leave them
     with open(tmp_path / name, "r+b") as f:
@@ -103,7 +132,7 @@ def test_jax_warns_on_a_truncated_entry_forever_and_the_repaired_cache_is_whole_
   for _ in range(2):  # JAX never rewrites an entry that exists: it warns in every process
     assert "Error reading persistent compilation cache entry" in _compile(tmp_path, "plain")
   assert "Error" not in _compile(tmp_path, "enable")
-  assert sorted(n for n in os.listdir(tmp_path) if n.endswith(compilation_cache.CACHE_SUFFIX)) == entries
+  assert sorted(n for n in os.listdir(tmp_path) if n.endswith("-cache")) == entries
   assert compilation_cache.damaged_entries(str(tmp_path)) == []
   assert "Error" not in _compile(tmp_path, "plain")  # read back whole
 

@@ -343,3 +343,18 @@ def test_every_config_field_has_a_comment():
   paths = [schema.__file__] + sorted({sys.modules[cls.__module__].__file__ for cls in strategies.registered().values()})
   missing = [entry for path in paths for entry in _uncommented_fields(path)]
   assert missing == []
+
+
+def test_a_data_path_set_over_a_config_replaces_its_data_name_unless_both_are_set(tmp_path):
+  """`--config.data.path=X` alone (or `data.path=X` in set_fields, an `:arg`, the notebook API) was refused
+  because the config's own data.name='mnist_5k' was still set."""
+  (tmp_path / "mine.npz").write_bytes(b"")
+  path = str(tmp_path / "mine.npz")
+  c = config_lib.set_fields(config_lib.base_config(), {"data.path": path})
+  assert (c.data.name, c.data.path) == (None, path)
+  config_lib.validate(c)
+  both = config_lib.set_fields(config_lib.base_config(), {"data.path": path, "data.name": "mnist_5k"})
+  with pytest.raises(config_lib.ConfigError, match="are both set; allowed: exactly one of them"):
+    config_lib.validate(both)
+  unset = config_lib.set_fields(config_lib.base_config(), {"data.path": None})  # (no path: the name stays)
+  assert unset.data.name == "mnist_5k"

@@ -53,3 +53,20 @@ def test_both_backends_are_measured_on_the_stand_in(bench):
     assert 0.0 <= r["final_accuracy"] <= 1.0
   assert results["loop"]["updates"] == results["vmap"]["updates"]
   assert results["loop"]["rounds"] == results["vmap"]["rounds"]
+
+
+@pytest.mark.slow
+def test_several_members_at_once_share_one_device_over_a_common_window(bench):
+  """`--per_device`: N copies of a member, each a process with the environment of a 1/N GPU share, measured
+  over one window: the same run gives the same updates in each, their windows start once all have warmed up (the
+  barrier), and the aggregate is the sum of their rates."""
+  r = bench.run_together(2, "cifar10", "loop", "auto", small=True, days=0.004, warmup_days=0.001, model="tiny_mlp")
+  members = r["members"]
+  assert r["count"] == len(members) == 2 and r["member"] == "cifar10"
+  assert [m["memory_fraction"] for m in members] == ["0.45"] * 2  # (0.9 of a half share, as a Ray member's)
+  assert members[0]["updates"] == members[1]["updates"] > 0 and r["updates"] == 2 * members[0]["updates"]
+  assert members[0]["final_accuracy"] == members[1]["final_accuracy"]
+  starts, ends = [m["window"][0] for m in members], [m["window"][1] for m in members]
+  assert max(m["warmed"] for m in members) <= min(starts) and max(starts) < min(ends)  # measured at the same time
+  assert r["aggregate_updates_per_s"] == pytest.approx(sum(m["updates_per_s"] for m in members))
+  assert r["peak_bytes"] == max(m["peak_bytes"] for m in members) > 100 * 2**20

@@ -12,6 +12,7 @@ import errno
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -251,3 +252,116 @@ def test_an_output_that_cannot_be_synced_is_named(tmp_path, monkeypatch):
                      r"\(EIO\)"):
     rundir.sync()
   rundir.close()
+
+
+# --- files of the right syntax but the wrong shape, and symbolic links ----------------------------------------
+
+
+@pytest.mark.parametrize("summary,shown", [
+    ({"status": "completed", "final_test_accuracy": "high"}, "final_test_accuracy='high'"),
+    ({"status": 1, "final_test_accuracy": 0.5}, "status=1"),
+    ({"status": "completed", "aulc": "nan", "rounds": "3"}, "rounds='3'")])
+def test_a_summary_with_a_value_of_the_wrong_type_is_named(tmp_path, summary, shown):
+  """Text where tables and sweeps compute with a number reached them ('Unknown format code f', 'could not convert
+  string to float'); a number where text belongs likewise. "nan" is a number (the codec's), not text."""
+  (tmp_path / "summary.json").write_text(json.dumps(summary))
+  with pytest.raises(errors.DamagedRunFile) as err:
+    io.read_summary(str(tmp_path))
+  assert str(err.value).startswith(f"{tmp_path / 'summary.json'} has {shown}, a value of the wrong type; allowed: ")
+  assert "\n" not in str(err.value)
+
+
+def test_a_summary_as_a_run_writes_it_reads_back(tmp_path):
+  summary = {"status": "interrupted", "final_test_accuracy": math.nan, "diverged_at": None, "method": "fedpsa",
+             "interrupted_by": "SIGTERM", "provenance": {"code": {"commit": "abc"}}, "rounds": 3, "error": "x"}
+  io.write_json_atomic(str(tmp_path / "summary.json"), summary)
+  back = io.read_summary(str(tmp_path))
+  assert math.isnan(back.pop("final_test_accuracy")) and back == {k: v for k, v in summary.items()
+                                                                  if k != "final_test_accuracy"}
+
+
+@pytest.mark.parametrize("config,problem", [
+    ({"sim": 5, "method": ["fedpsa"]}, "its 'method' is a JSON array, not a string"),
+    ({"sim": 5, "method": "fedpsa"}, "its section 'sim' is a JSON number, not an object"),
+    ({"method": "fedpsa", "fedpsa": [1]}, "its section 'fedpsa' is a JSON array, not an object")])
+def test_a_config_json_of_the_wrong_shape_is_one_line_naming_it(tmp_path, config, problem):
+  """{"sim": 5, "method": ["fedpsa"]} was a TypeError (unhashable type: 'list') in the run-identity comparison."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(json.dumps(config))
+  with pytest.raises(errors.DamagedRunFile, match=re.escape(f"{workdir / 'config.json'}: {problem}; allowed: ")):
+    io.read_config(str(workdir))
+  with pytest.raises(ConfigError) as err:  # (what a rerun into it meets: one line, before any work)
+    io.check_workdir(str(workdir), small_config("fedbuff"))
+  assert problem in str(err.value) and "\n" not in str(err.value)
+
+
+# Every entry a run writes, moves or deletes (docs/runs.md, "What a run writes"), and files inside its folders.
+LINKED_ENTRIES = ["config.json", "summary.json", "metrics.jsonl", "events.jsonl", ".lock", "config.json.tmp",
+                  "summary.json.tmp", "checkpoints", "checkpoints_corrupt", "tensorboard", "checkpoints/864/meta",
+                  "tensorboard/events.out.tfevents.1.h"]
+
+
+@pytest.mark.parametrize("name", LINKED_ENTRIES)
+def test_a_run_entry_that_is_a_symbolic_link_is_refused_before_anything_is_written(tmp_path, name):
+  """Every entry a run writes through, and anything inside its folders; the target is left as it was."""
+  workdir, target = tmp_path / "run", tmp_path / "elsewhere"
+  target.write_text("someone's notes\n")
+  (workdir / name).parent.mkdir(parents=True)
+  os.symlink(target, workdir / name)
+  with pytest.raises(ConfigError) as err:
+    io.check_workdir(str(workdir), small_config("fedbuff"))
+  assert str(err.value).startswith(f"--workdir={str(workdir)!r} holds {name} as a symbolic link (to {str(target)!r})")
+  assert target.read_text() == "someone's notes\n" and "\n" not in str(err.value)
+
+
+def test_what_a_run_writes_is_never_written_through_a_link_made_while_it_runs(tmp_path):
+  """A link that appears after the checks: the write fails (ELOOP) and the file it points to is unchanged."""
+  target = tmp_path / "elsewhere"
+  target.write_text("someone's notes\n")
+  rundir = io.RunDir(str(tmp_path / "run"))
+  for name in ("metrics.jsonl", "summary.json.tmp", ".lock"):
+    os.symlink(target, tmp_path / "run" / name)
+  with pytest.raises(OSError) as err:
+    rundir.append("metrics.jsonl", [{"day": 0.0, "test_accuracy": 0.1}])
+  assert err.value.errno == errno.ELOOP
+  with pytest.raises(OSError):
+    rundir.write_summary({"status": "completed"})
+  with pytest.raises(OSError):
+    rundir.lock()
+  assert target.read_text() == "someone's notes\n"
+  rundir.close()
+
+
+def test_a_workdir_that_cannot_be_made_leaves_no_folders_behind(tmp_path):
+  """A --workdir whose last name is too long for the file system used to leave the 20 folders above it."""
+  top = tmp_path / "top"
+  workdir = os.path.join(top, *["d" * 200] * 20, "x" * 300)  # (names of at most 255 bytes, then one longer)
+  with pytest.raises(ConfigError, match=r"is not writable \(File name too long\)"):
+    io.check_workdir(workdir, small_config("fedbuff"))
+  assert not os.path.exists(top)
+  (tmp_path / "kept").mkdir()  # what existed before stays
+  with pytest.raises(ConfigError):
+    io.check_workdir(os.path.join(tmp_path, "kept", "a", "x" * 300), small_config("fedbuff"))
+  assert os.listdir(tmp_path / "kept") == []
+
+
+def test_a_tensorboard_file_is_refused_before_the_data_is_built_when_the_run_writes_tensorboard(tmp_path):
+  """runtime.tensorboard=True over a file named `tensorboard` failed once the data was built (and only
+  then); a run without it never touches that name."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "tensorboard").write_text("notes")
+  with pytest.raises(ConfigError, match=r"holds tensorboard as a file, where a run keeps a directory"):
+    io.check_workdir(str(workdir), small_config("fedbuff", runtime__tensorboard=True))
+  io.check_workdir(str(workdir), small_config("fedbuff"))
+
+
+def test_a_checkpoint_file_this_user_cannot_read_is_refused_naming_it(tmp_path, monkeypatch):
+  workdir = tmp_path / "run"
+  (workdir / "checkpoints" / "40" / "arrays").mkdir(parents=True)
+  (workdir / "checkpoints" / "40" / "arrays" / "data").write_bytes(b"x")
+  real_access = os.access
+  monkeypatch.setattr(os, "access", lambda path, mode: not str(path).endswith("data") and real_access(path, mode))
+  with pytest.raises(ConfigError, match=r"holds checkpoints/40/arrays/data, which this user cannot read and write"):
+    io.check_workdir(str(workdir), small_config("fedbuff"))

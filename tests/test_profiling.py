@@ -24,7 +24,9 @@ def test_launch_profile_writes_every_piece(tmp_path):
        "--config.model.name=linear", f"--workdir={workdir}"],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  rows = json.load(open(workdir / "profile.json"))
+  written = json.load(open(workdir / "profile.json"))
+  rows, origin = written["rows"], written["provenance"]
+  assert origin["repeats"] == 1 and origin["config"]["model"]["name"] == "linear" and origin["machine"]["cores"]
   pieces = {(r["piece"], r.get("calibration")) for r in rows}
   for size in fedpsa_profiler.CALIBRATION_SIZES:
     for piece in ("fisher_per_sample", "fisher_factored", "sensitivity_eq8"):
@@ -39,7 +41,8 @@ def test_launch_profile_writes_every_piece(tmp_path):
     # FedPAC's QP, CASA's clustering and AiFed's "was anything sent?" run on the host: timed, not traced.
     if r["piece"] not in ("server_step/fedpac", "server_step/casa", "server_step/aifed"):
       assert r["gflops"] > 0, r
-  assert "client_update" in proc.stdout and "GFLOP" in proc.stdout
+  assert "client_update" in proc.stdout and "GFLOP" in proc.stdout and "compile s" in proc.stdout
+  assert proc.stdout.startswith(f"code {(origin['code']['commit'] or 'no git checkout')[:12]}")
 
 
 @pytest.mark.slow
@@ -122,3 +125,41 @@ def test_fedpsa_pieces_run_the_runs_compiled_sketch(monkeypatch):
   names = {r["piece"] for r in profiler.rows}
   assert {"sketch", "sketch_bare_matvec", "client_sensitivity_sketch", "server_step/fedpsa"} <= names
   assert counter.count > 0 and counter.by_function["jit(sketch_of)"] == 0, counter.by_function
+
+
+def test_compile_seconds_count_the_xla_compile_of_a_call_and_nothing_once_compiled():
+  import random
+
+  import jax
+  import jax.numpy as jnp
+  k = random.random()  # (a program no compilation cache holds)
+  f = jax.jit(lambda x: jnp.sin(x) * k)
+  assert profiling.compile_seconds(lambda: f(jnp.ones(3))) > 0
+  assert profiling.compile_seconds(lambda: f(jnp.ones(3))) == 0
+
+
+@pytest.mark.slow
+def test_the_trace_holds_only_the_timed_calls_each_named_without_python_or_compiles(tmp_path):
+  """The trace used to wrap the whole profile: every compile and, with the Python tracer on, every Python call
+  (860 MB for a small run, 15 GB of memory; Perfetto's view cut at 1M events, 98% Python calls)."""
+  import glob
+  import gzip
+
+  c = config_lib.base_config()
+  c.method, c.model.name = "fedbuff", "linear"
+  profiler = profiling.Profiler(c, repeats=2)
+  profiler.local_training()
+  rows = {r["piece"]: r for r in profiler.rows}
+  for r in rows.values():
+    assert r["repeats"] == 2 and r["ms_min"] <= r["ms"] <= r["ms_max"] and r["compile_s"] >= 0, r
+  profiler.trace(str(tmp_path))
+  perfetto, = glob.glob(str(tmp_path / "plugins" / "profile" / "*" / "perfetto_trace.json.gz"))
+  assert glob.glob(str(tmp_path / "plugins" / "profile" / "*" / "*.xplane.pb"))  # (what TensorBoard opens)
+  events = json.load(gzip.open(perfetto))
+  events = events["traceEvents"] if isinstance(events, dict) else events
+  names = [e.get("name", "") for e in events if e.get("ph") == "X"]
+  for piece in rows:
+    assert names.count(piece) >= 1 + 2, piece  # the piece, and each of its 2 calls (the step annotations)
+  assert not [n for n in names if n.startswith("$")]  # the Python tracer's events
+  assert not [n for n in names if "compile" in n.lower()], sorted({n for n in names if "compile" in n.lower()})
+  assert os.path.getsize(perfetto) < 5e6

@@ -462,53 +462,6 @@ def test_interval_and_paired_difference_agree_with_scipy():
   assert report_stats.paired_difference({0: 2.0, 1: 3.0}, {0: 1.0, 1: 2.0}).direction == 1  # a constant gap
 
 
-def test_pooled_difference_is_one_least_squares_fit_with_a_column_offset():
-  from fedpsa_lab import report_stats
-
-  # Reference: Δ_cs = β_c + ε regressed on column indicators (np.linalg.lstsq); the estimate is the mean of the
-  # β_c, its variance a'(X'X)^-1 a · RSS / (N − C) with a = 1/C each, and p from Student's t on N − C.
-  differences = {"α=0.1": [2.0, -1.5, 4.0], "α=0.5": [0.5, 1.0], "α=1.0": [3.0, 2.5, 0.0, 1.0]}
-  y = np.concatenate([np.asarray(v) for v in differences.values()])
-  column = np.repeat(np.arange(3), [len(v) for v in differences.values()])
-  x = (column[:, None] == np.arange(3)).astype(float)
-  beta, rss, *_ = np.linalg.lstsq(x, y, rcond=None)
-  a = np.full(3, 1 / 3)
-  se = math.sqrt(a @ np.linalg.inv(x.T @ x) @ a * rss[0] / (len(y) - 3))
-  got = report_stats.pooled_difference(differences)
-  assert got.diff.mean == pytest.approx(beta.mean()) and got.diff.n == 9
-  assert got.p_value == pytest.approx(2 * scipy.stats.t.sf(abs(beta.mean()) / se, len(y) - 3))
-  assert got.diff.half_width == pytest.approx(scipy.stats.t.ppf(0.975, len(y) - 3) * se)
-  # One column is the paired t-test; one seed per column leaves no degree of freedom; a constant gap is no noise.
-  one = report_stats.pooled_difference({"α=0.1": differences["α=0.1"]})
-  assert one.p_value == pytest.approx(scipy.stats.ttest_1samp(differences["α=0.1"], 0.0).pvalue)
-  assert math.isnan(report_stats.pooled_difference({"a": [1.0], "b": [2.0]}).p_value)
-  assert report_stats.pooled_difference({"a": [1.0, 1.0], "b": [3.0, 3.0]}).direction == 1
-
-
-def test_per_column_difference_is_welchs_test_and_the_pooled_one_under_equal_spreads():
-  from fedpsa_lab import report_stats
-
-  # Two columns: the mean of their means is 0 exactly when mean(a) − mean(−b) is, Welch's two-sample test
-  # (scipy) of a against b negated, with the same standard error (halved) and Satterthwaite's degrees of freedom.
-  a, b = [2.0, -1.5, 4.0, 0.5], [0.5, 1.0, 0.8]
-  got = report_stats.per_column_difference({"α=0.1": a, "α=0.5": b})
-  welch = scipy.stats.ttest_ind(a, -np.asarray(b), equal_var=False)
-  assert got.diff.mean == pytest.approx((np.mean(a) + np.mean(b)) / 2) and got.diff.n == 7
-  assert got.p_value == pytest.approx(welch.pvalue)
-  se = math.sqrt(np.var(a, ddof=1) / 4 + np.var(b, ddof=1) / 3) / 2
-  assert got.diff.half_width == pytest.approx(scipy.stats.t.ppf(0.975, welch.df) * se)
-  # Equal spreads and pair counts: the pooled test exactly (N − C degrees of freedom either way).
-  equal = {"a": [1.0, 3.0, 2.0], "b": [5.0, 7.0, 6.0], "c": [-4.0, -2.0, -3.0]}
-  pooled, own = report_stats.pooled_difference(equal), report_stats.per_column_difference(equal)
-  assert own.p_value == pytest.approx(pooled.p_value) and own.diff.half_width == pytest.approx(pooled.diff.half_width)
-  # Unequal spreads: the pooled test borrows the quiet column's precision for the noisy one.
-  unequal = {"a": [1.0, 1.1, 0.9], "b": [3.0, -1.0, 4.0]}
-  assert report_stats.per_column_difference(unequal).p_value > report_stats.pooled_difference(unequal).p_value
-  # One column is the paired t-test; a column with one pair has no spread of its own.
-  assert report_stats.per_column_difference({"a": a}).p_value == pytest.approx(scipy.stats.ttest_1samp(a, 0).pvalue)
-  assert math.isnan(report_stats.per_column_difference({"a": a, "b": [2.0]}).p_value)
-
-
 def test_holm_agrees_with_a_hand_computation_and_with_the_step_down_rule():
   from fedpsa_lab import report_stats
 
@@ -591,7 +544,7 @@ def test_reference_marks_only_differences_larger_than_the_noise(tmp_path):
     assert rows.p_holm[first] == pytest.approx(min(1.0, rows.p_value.notna().sum() * rows.p_value[first]))
     assert (rows.p_holm >= rows.p_value).all()
   paired_md = open(os.path.join(workdir, "report", "paired.md")).read()
-  assert "within the noise" in paired_md and "| p | p (Holm) | seeds | verdict |" in paired_md
+  assert "within the noise" in paired_md and "| p (unadjusted) | p (Holm) | seeds | verdict |" in paired_md
   for text in (markdown, paired_md):  # the title, one blank line, then the first section
     assert text.startswith("# ") and "\n\n\n" not in text and text.split("\n")[1] == ""
   # Beside the published Δ: FedAsync's significant drop holds at α = 0.1 and reverses the paper at α = 1.0;
@@ -605,23 +558,22 @@ def test_reference_marks_only_differences_larger_than_the_noise(tmp_path):
   assert "| FedBuff (Base) | 98.00 | 97.00 |" in markdown and "| FedPSA (Ours) | **98.50** | - |" in markdown
   # Provenance: both commits with their member counts, one data fingerprint, the summed wall time.
   assert "commit abc (12 members); commit def (6 members)" in markdown
-  # Over both columns at once: FedAsync's −3 points in each (the α offset cancels in the pairs); within each
-  # column the seeds spread by [-0.1, +0.1, 0] around it: s² = 0.04 / (6 − 2), SE² = s² (1/3 + 1/3) / 2².
+  # Over both columns at once, the seed as the unit: FedAsync's seeds differ by −3.1, −2.9, −3.0 points in both
+  # columns (the α offset cancels in the pairs), so its seed means are those three: a one-sample t-test on 2
+  # degrees of freedom, SE = 0.1 / √3 (not the 6 pairs as if independent).
   over = pd.read_csv(os.path.join(workdir, "report", "paired_over_columns.csv"))
   fedasync = over[(over.method == "fedasync") & (over.metric == "final_test_accuracy")]
-  se = math.sqrt(0.04 / 4 * (2 / 3)) / 2
-  assert fedasync[["n_columns", "pairs", "above", "below"]].to_numpy().tolist() == [[2, 6, 0, 6]]
+  assert fedasync[["n_columns", "seeds", "pairs", "above", "below"]].to_numpy().tolist() == [[2, 3, 6, 0, 6]]
   assert fedasync.difference.item() == pytest.approx(-3.0)
-  assert fedasync.p_value.item() == pytest.approx(2 * scipy.stats.t.sf(3.0 / se, 4))
-  assert fedasync.p_value_per_column.item() == pytest.approx(fedasync.p_value.item())  # (equal spreads)
+  assert fedasync.p_value.item() == pytest.approx(2 * scipy.stats.t.sf(3.0 / (0.1 / math.sqrt(3)), 2))
+  assert fedasync.p_value.item() == pytest.approx(scipy.stats.ttest_1samp([-3.1, -2.9, -3.0], 0).pvalue)
   for _, rows in over.groupby("metric"):  # Holm over each metric's rows
     np.testing.assert_allclose(rows.p_holm, report_stats.holm(rows.p_value.to_numpy()))
   assert "### Over all columns at once" in paired_md
   pooled_line = lambda method: next(l for l in paired_md.split("### Over all columns at once")[1].splitlines()
                                     if l.startswith(f"| {method} | 2 |"))
-  assert pooled_line("FedAsync").endswith(f"| {fedasync.p_value_per_column.item():.3f} | 6 | 0 / 6 | lower | -1.25 | "
-                                         "holds |")  # published: (−3 + 0.5) / 2
-  assert "| 6 | 4 / 2 | within the noise | - | - |" in pooled_line("FedPSA (Ours)")  # +2, −3, +1 twice; no α=1.0 paper
+  assert pooled_line("FedAsync").endswith("| 3 | 0 / 6 | lower | -1.25 | holds |")  # published: (−3 + 0.5) / 2
+  assert "| 3 | 4 / 2 | within the noise | - | - |" in pooled_line("FedPSA (Ours)")  # +2, −3, +1 twice; no α=1.0 paper
   assert "mnist_5k f00 (18 members)" in markdown and "9.00 h of wall time" in markdown
 
 
@@ -741,3 +693,22 @@ def test_report_that_cannot_be_written_is_one_line_exit_3(tmp_path, monkeypatch,
   monkeypatch.setattr(os, "makedirs", refuse)
   code, lines = _report_as_launch(run_dir)
   assert code == 3 and len(lines) == 1 and lines[0].startswith(f"cannot write {out}: {err.strerror} {advice}"), lines
+
+
+def test_markers_and_verdicts_read_holms_p_not_the_unadjusted_one(tmp_path):
+  # FedPSA at α = 0.1 is above FedBuff by 1.0, 1.4, 0.7 points: paired p = 0.036 alone, but the third smallest
+  # of the table's four comparisons, so Holm's p = 2 × 0.036 = 0.073: no ▲, and 'within the noise'.
+  gap = {"fedbuff": [0.0] * 3, "fedasync": [-0.031, -0.029, -0.030], "fedpsa": [0.010, 0.014, 0.007]}
+  noise = {"fedbuff": [0.0] * 3, "fedasync": [0.0] * 3, "fedpsa": [0.002, -0.003, 0.004]}
+  workdir = _reference_sweep(tmp_path, lambda m, a, s: 0.8 + (gap[m][s] if a == 0.1 or m != "fedpsa" else noise[m][s]))
+  report.build(workdir)
+  paired = pd.read_csv(os.path.join(workdir, "report", "paired.csv")).query("metric == 'final_test_accuracy'")
+  cell = paired[(paired.method == "fedpsa") & (paired.column == "α=0.1")].iloc[0]
+  assert cell.p_value == pytest.approx(scipy.stats.ttest_1samp([1.0, 1.4, 0.7], 0).pvalue, rel=1e-6)
+  assert cell.p_value < 0.05 < cell.p_holm == pytest.approx(2 * cell.p_value, rel=1e-6)
+  table = open(os.path.join(workdir, "report", "table.md")).read().split("## AULC")[0]
+  fedpsa_row = next(l for l in table.splitlines() if l.startswith("| FedPSA"))
+  assert "▲" not in fedpsa_row and "▼" not in fedpsa_row
+  assert next(l for l in table.splitlines() if l.startswith("| FedAsync")).count("▼") == 2
+  paired_md = open(os.path.join(workdir, "report", "paired.md")).read()
+  assert next(l for l in paired_md.splitlines() if l.startswith("| FedPSA (Ours) | α=0.1 |")).count("within the noise") == 1

@@ -44,3 +44,50 @@ def test_fedpsa_parts_pairs_fedbuff_fedpsa_and_the_uniform_buffer_on_r1s_runs():
   # The report pairs each method with the uniform buffer.
   layout = config_lib.load_file(os.path.join(ROOT, "configs", "results", "fedpsa_parts.py")).report
   assert dict(layout.reference) == {"method": "fedpsa_uniform"} and list(layout.rows) == ["method"]
+
+
+def test_shape_step_arms_differ_from_fedbuff_or_fedpsa_by_their_documented_fields_only():
+  members = _members("shape_step")
+  assert len(members) == 6 * 2 * 8  # arms × α ∈ {0.1, 1.0} × 8 seeds
+  expected = {  # docs/methods.md, "Shape and step"
+      "fedbuff": ("fedbuff", []),
+      "fedbuff_unit": ("fedbuff", ["fedbuff.step: 'staleness' -> 'unit'"]),
+      "uniform_stale": ("fedbuff", ["fedbuff.weighting: 'staleness' -> 'uniform'"]),
+      "uniform_unit": ("fedbuff", ["fedbuff.step: 'staleness' -> 'unit'", "fedbuff.weighting: 'staleness' -> 'uniform'"]),
+      "fedpsa_stale": ("fedpsa", ["fedpsa.step: 'unit' -> 'staleness'"]),
+      "fedpsa": ("fedpsa", []),
+  }
+  for name, m in members.items():
+    assert config_lib.config_errors(m.config) == []
+    assert m.config.output.events and m.config.partition.alpha in (0.1, 1.0)
+    method, diffs = expected[m.labels["method"]]
+    twin = members[name.replace(f"method={m.labels['method']},", f"method={method},")]
+    assert run_identity.identity_differences(io.config_json(twin.config), io.config_json(m.config)) == diffs
+
+
+def test_declared_contrasts_are_differences_of_arms_the_sweep_has():
+  for name in ("shape_step", "horizon"):
+    c = config_lib.load_file(os.path.join(ROOT, "configs", "results", f"{name}.py"))
+    arms = {label for label, _ in dict(c.axes)[c.analysis.axis]}
+    assert c.analysis.unit == "seed" and c.analysis.primary == "tail_test_accuracy"
+    for label, weights in c.analysis.contrasts:
+      assert set(weights) <= arms, label
+      assert abs(sum(weights.values())) < 1e-12 and abs(sum(w for w in weights.values() if w > 0) - 1) < 1e-12, label
+
+
+def test_horizon_arms():
+  members = _members("horizon")
+  assert len(members) == 4 * 5
+  exact = next(m.config for m in members.values() if m.labels["method"] == "fedpsa_exact")
+  assert (exact.fedpsa.projection, exact.fedpsa.sketch_dim, exact.sim.virtual_days) == ("count_sketch", 4096, 1.0)
+  assert exact.fedpsa.log_alignment and exact.output.events
+
+
+def test_the_recorded_sweeps_ran_the_plan_the_configs_declare():
+  # results/<sweep>/sweep.json holds the analysis as declared when the sweep started; today's config must give
+  # the same plan and the same members, or the page would read a plan the runs were not declared under.
+  for name in ("shape_step", "horizon"):
+    saved = sweep.read_sweep_json(os.path.join(ROOT, "results", name))
+    c = config_lib.load_file(os.path.join(ROOT, "configs", "results", f"{name}.py"))
+    assert io.config_json(c)["analysis"] == saved["sweep"]["analysis"], name
+    assert [m.name for m in sweep.expand(c)] == [m["name"] for m in saved["members"]], name

@@ -120,6 +120,9 @@ def test_run_of_an_older_config_shape_resumes_and_extends(tmp_path):
   assert longer.resumed_from == config_lib.budget_units(old)  # continued from its end, not started over
   summary = longer.run()
   assert summary["status"] == "completed" and summary["virtual_days"] == pytest.approx(1.5 * DAYS)
+  # (the summary says which checkpoint its process continued from; None for the process that started the run)
+  assert first["provenance"]["resumed_from_day"] is None
+  assert summary["provenance"]["resumed_from_day"] == config_lib.budget_units(old) / config_lib.UNITS_PER_DAY
   after = open(os.path.join(workdir, "metrics.jsonl")).read()
   assert after.startswith(before) and len(after) > len(before)
 

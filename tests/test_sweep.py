@@ -8,12 +8,14 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import errors, sweep
-from helpers import _tiny_sweep
+from helpers import _tiny_sweep, ROOT
 
 
 def test_a_second_sweep_on_a_busy_sweep_directory_is_refused(tmp_path, monkeypatch):
@@ -259,6 +261,9 @@ def test_a_sweep_runs_seed_by_seed_and_answers_in_axis_order(tmp_path, fake_runs
       "method=fedbuff,seed=7", "method=fedbuff,seed=3", "method=fedpsa,seed=7", "method=fedpsa,seed=3"]
 
 
+_TASK_ENV = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_FLAGS")
+
+
 class _Ref:
   """A finished task's object reference (hashable by identity, as Ray's are)."""
 
@@ -267,21 +272,36 @@ class _Ref:
 
 
 class _FakeRay:
-  """The part of the `ray` module `sweep._run_ray_members` uses: tasks run at once, in submission order."""
+  """The part of the `ray` module `sweep._run_ray_members` uses: tasks run at once, in submission order, in this
+  process, their environment undone after each; `options` holds what each task asked Ray for, `seen` the
+  environment (`_TASK_ENV`) each member ran with."""
 
-  def __init__(self):
-    self.submitted = []
+  def __init__(self, gpus=0):
+    self.submitted, self.options, self.seen, self.gpus, self.cancelled = [], [], [], gpus, []
 
   def is_initialized(self):
     return True
 
-  def remote(self, num_cpus):
+  def cluster_resources(self):
+    return {"CPU": 2.0, **({"GPU": float(self.gpus)} if self.gpus else {})}
+
+  def remote(self, **options):
     def wrap(fn):
       class Task:
         @staticmethod
         def remote(*args):
-          self.submitted.append(os.path.basename(args[1]))
-          return _Ref(fn(*args))
+          self.submitted.append(os.path.basename(args[3]))
+          self.options.append(options)
+          saved = dict(os.environ)  # (a task's process is its own: its environment must not leak into the suite)
+          try:
+            value = fn(*args)
+          except Exception as err:  # noqa: BLE001 — as Ray does: raised again by `get`
+            value = err
+          finally:
+            self.seen.append({k: os.environ.get(k) for k in _TASK_ENV})
+            os.environ.clear()
+            os.environ.update(saved)
+          return _Ref(value)
       return Task
     return wrap
 
@@ -289,17 +309,146 @@ class _FakeRay:
     return pending[:num_returns], pending[num_returns:]
 
   def get(self, ref):
+    if isinstance(ref.value, Exception):
+      raise ref.value
     return ref.value
+
+  def cancel(self, ref):
+    self.cancelled.append(ref)
 
 
 def test_the_ray_executor_submits_seed_by_seed_and_keeps_records(tmp_path, fake_runs):
   config = _tiny_sweep(("fedbuff", "fedpsa"))
   config.seeds = [0, 1]
   ray, records = _FakeRay(), str(tmp_path / "records")
-  results = sweep._run_ray_members(ray, config, sweep.expand(config), str(tmp_path / "sweep"), None, 1.0,
-                                   lambda _: None, None, records)
+  results = sweep._run_ray_members(ray, config, sweep.expand(config), str(tmp_path / "sweep"), None,
+                                   sweep.RayResources(), lambda _: None, None, records)
   assert ray.submitted == ["method=fedbuff,seed=0", "method=fedpsa,seed=0", "method=fedbuff,seed=1",
                            "method=fedpsa,seed=1"]
   assert list(results) == ["method=fedbuff,seed=0", "method=fedbuff,seed=1", "method=fedpsa,seed=0",
                            "method=fedpsa,seed=1"]
   assert sorted(os.listdir(os.path.join(records, "runs"))) == sorted(results)
+
+
+@pytest.mark.parametrize("asked, cluster_gpus, share", [(None, 0, 0.0), (None, 2, sweep.DEFAULT_GPU_SHARE),
+                                                        (0.5, 1, 0.5), (0.0, 1, 0.0)])
+def test_each_member_asks_ray_for_its_share_in_a_process_of_its_own(tmp_path, fake_runs, monkeypatch, asked,
+                                                                     cluster_gpus, share):
+  """Every task asks for the CPUs and GPU share given (the default share only on a cluster with GPUs: elsewhere
+  a task asking for one would never start), a worker process used for this one task (`max_calls=1`), retries
+  when its node is lost; its member runs with JAX's memory capped to GPU_MEMORY_OF_SHARE of its share, not
+  preallocated, and with one host device per CPU."""
+  monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
+  for name in _TASK_ENV[:2]:
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")  # (a user's cap under the old name)
+  ray = _FakeRay(gpus=cluster_gpus)
+  config = _tiny_sweep(("fedbuff", "fedpsa"))
+  results = sweep._run_ray_members(ray, config, sweep.expand(config), str(tmp_path / "sweep"), None,
+                                   sweep.RayResources(cpus=2, gpus=asked), lambda _: None, None, None)
+  assert [r["status"] for r in results.values()] == ["completed", "completed"]
+  assert ray.options == [{"num_cpus": 2, "num_gpus": share, "max_calls": 1, "max_retries": sweep.MEMBER_RETRIES}] * 2
+  # (with a share, the old name goes: jaxlib refuses both names at once; without one, the user's cap stays)
+  capped = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_CLIENT_MEM_FRACTION": str(round(0.9 * share, 4)),
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": None} if share else {
+            "XLA_PYTHON_CLIENT_PREALLOCATE": None, "XLA_CLIENT_MEM_FRACTION": None,
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}
+  assert ray.seen == [{**capped, "XLA_FLAGS": "--xla_backend_optimization_level=0 "
+                       "--xla_force_host_platform_device_count=2"}] * 2
+  assert os.environ["XLA_FLAGS"] == "--xla_backend_optimization_level=0"  # (the fake undid it)
+
+
+def test_a_host_device_count_already_in_xla_flags_wins(tmp_path, fake_runs, monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=3")
+  ray = _FakeRay()
+  sweep._run_ray_members(ray, _tiny_sweep(("fedbuff",)), sweep.expand(_tiny_sweep(("fedbuff",))),
+                         str(tmp_path / "sweep"), None, sweep.RayResources(cpus=2), lambda _: None, None, None)
+  assert ray.seen[0]["XLA_FLAGS"] == "--xla_force_host_platform_device_count=3"
+
+
+@pytest.mark.parametrize("flags, message", [
+    ({"ray_gpus_per_member": 1.5}, "--ray_gpus_per_member=1.5 is invalid; allowed: a number from 0 to 1 (each "
+                                   "member's share of one GPU; 0: no GPU)"),
+    ({"ray_gpus_per_member": -0.25}, "--ray_gpus_per_member=-0.25 is invalid; allowed: a number from 0 to 1"),
+    ({"ray_gpus_per_member": float("nan")}, "--ray_gpus_per_member=nan is invalid"),
+    ({"ray_cpus_per_member": 0}, "--ray_cpus_per_member=0 is invalid; allowed: an integer >= 1 (the CPUs Ray "
+                                 "reserves for each member, and its host devices"),
+    ({"ray_cpus_per_member": 2, "executor": "local"}, "--ray_cpus_per_member is only for --mode=sweep "
+                                                      "--executor=ray; allowed: those, or no --ray_cpus_per_member"),
+    ({"ray_gpus_per_member": 0.5, "mode": "train"}, "--ray_gpus_per_member is only for --mode=sweep --executor=ray"),
+])
+def test_bad_ray_resource_flags_are_refused_before_any_work(tmp_path, fake_runs, flags, message):
+  from fedpsa_jax.cli import modes
+
+  options = modes.Options("configs/paper/table1.py", **{"mode": "sweep", "executor": "ray",
+                                                        "workdir": str(tmp_path / "sweep"), **flags})
+  with pytest.raises(config_lib.ConfigError) as err:
+    modes.run_mode(_tiny_sweep(), options)
+  assert str(err.value).startswith(message) and "\n" not in str(err.value)
+  assert not os.path.exists(tmp_path / "sweep") and fake_runs.ran == []
+
+
+def test_the_ray_executor_shares_the_member_loop_failures_and_a_full_disk(tmp_path, monkeypatch):
+  """A member failing on Ray is recorded as failed and the sweep goes on; one that met a full disk cancels the
+  members still running and stops the sweep with its OutputWriteError, as the local executor does."""
+  def member(config_json, run_dir, compilation_cache=None):
+    if config_json["method"] == "fedasync":
+      raise ValueError("broken member")
+    return {"status": "completed", "sweep_action": "ran"}
+
+  monkeypatch.setattr(sweep, "run_member", member)
+  ray, logged = _FakeRay(), []
+  results = sweep._run_ray_members(ray, _tiny_sweep(), sweep.expand(_tiny_sweep()), str(tmp_path / "sweep"), None,
+                                   sweep.RayResources(), logged.append, None, None)
+  assert [r["sweep_action"] for r in results.values()] == ["ran", "failed", "ran"]
+  assert results["method=fedasync,seed=0"]["error"] == "ValueError: broken member" and ray.cancelled == []
+  assert [line.split(":")[0] for line in logged[1:]] == ["[1/3] method=fedbuff,seed=0", "[2/3] method=fedasync,seed=0",
+                                                          "[3/3] method=fedpsa,seed=0"]
+
+  def full(config_json, run_dir, compilation_cache=None):
+    raise errors.OutputWriteError(errno.ENOSPC, "No space left on device", os.path.join(run_dir, "metrics.jsonl"))
+
+  monkeypatch.setattr(sweep, "run_member", full)
+  ray = _FakeRay()
+  with pytest.raises(errors.OutputWriteError):
+    sweep._run_ray_members(ray, _tiny_sweep(), sweep.expand(_tiny_sweep()), str(tmp_path / "other"), None,
+                           sweep.RayResources(), lambda _: None, None, None)
+  assert len(ray.cancelled) == 3  # (every task: cancelling a finished one does nothing)
+
+
+def test_a_finished_member_is_skipped_without_starting_jax(tmp_path):
+  """On Ray every member, finished or not, is a fresh process: skipping a finished one must not cost JAX's start."""
+  member = sweep.expand(_tiny_sweep(("fedbuff",)))[0]
+  run_dir = str(tmp_path / "run")
+  os.makedirs(run_dir)
+  config_json = sweep.io.config_json(member.config)
+  sweep.io.write_json_atomic(os.path.join(run_dir, "config.json"), config_json)
+  sweep.io.write_json_atomic(os.path.join(run_dir, "summary.json"), {"status": "completed"})
+  sweep.io.write_json_atomic(str(tmp_path / "member.json"), config_json)
+  code = ("import json, sys; from fedpsa_jax import sweep; "
+          f"r = sweep.run_member(json.load(open({str(tmp_path / 'member.json')!r})), {run_dir!r}); "
+          "print(r['sweep_action'], 'jax' in sys.modules)")
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                        env={**os.environ, "PYTHONPATH": ROOT})
+  assert done.stdout.split() == ["skipped", "False"], done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("given", [None, "mine"])
+def test_a_compilation_cache_that_is_a_file_is_refused_in_one_line_before_any_member(tmp_path, given):
+  """A file named jax_cache in a sweep folder (the default cache) failed every member, with nothing on stderr."""
+  import io as std_io
+
+  from fedpsa_jax import cli
+  from fedpsa_jax.cli import modes
+  workdir = tmp_path / "sweep"
+  workdir.mkdir()
+  cache = workdir / "jax_cache" if given is None else tmp_path / given
+  cache.write_text("not a directory")
+  stderr = std_io.StringIO()
+  code = cli.exit_code_of(lambda: modes.run_sweep(_tiny_sweep(), modes.Options(
+      "tiny", mode="sweep", workdir=str(workdir), compilation_cache=None if given is None else str(cache))),
+                          stderr=stderr)
+  assert code == 2 and stderr.getvalue() == (
+      f"--compilation_cache={str(cache)!r} is not a directory (default: WORKDIR/jax_cache); allowed: a directory "
+      "(made if missing), another --compilation_cache, or --compilation_cache='' for none\n")
+  assert os.listdir(workdir) == (["jax_cache"] if given is None else [])  # no member, no sweep.json

@@ -9,7 +9,7 @@
 - `run_name`: run directory names, `<config>[-<arg>]-<YYYYmmdd-HHMMSS>`, and finding a run to resume;
 - `modes`: train, profile and sweep (launch.py adds the analysis package's report, `fedpsa_lab.modes`).
 
-Exit codes (docs/runs.md, README):
+Exit codes (docs/runs.md, the exit-code table):
 
 | code | meaning |
 |---|---|
@@ -97,6 +97,30 @@ def one_line(text: str) -> str:
   if len(lines) > 1 and lines[0].endswith(":"):
     return lines[0] + " " + "; ".join(lines[1:])
   return "; ".join(lines)
+
+
+# --- stdout ------------------------------------------------------------------------------------------
+
+
+def readable_streams() -> None:
+  """stdout and stderr write what their encoding cannot hold as backslash escapes (a non-ASCII --workdir on an
+  ASCII terminal, PYTHONIOENCODING=ascii) instead of raising once the run is done."""
+  for stream in (sys.stdout, sys.stderr):
+    if stream is not None and hasattr(stream, "reconfigure"):
+      stream.reconfigure(errors="backslashreplace")
+
+
+def say(text: str) -> None:
+  """Prints a result line on stdout, flushed. A reader that went away (`| head -c 0`, a closed pipe) loses the
+  line, never the run's exit code: stdout then goes to the null device for the rest of the process."""
+  if sys.stdout is None:  # (started with stdout closed)
+    return
+  try:
+    print(text, flush=True)
+  except BrokenPipeError:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def exit_code_of(run: Callable[[], int], *, stderr: Any = None) -> int:

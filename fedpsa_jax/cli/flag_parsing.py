@@ -182,6 +182,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     if not isinstance(config, ml_collections.ConfigDict):
       raise errors.ConfigError(_not_a_config(spec, config))
     _set_nones(config, argv)
+    config_lib.data_path_replaces_name(config, {field for field, _ in _overrides(argv)})
   except Exception as err:  # noqa: BLE001 — see the module docstring: all of it is bad input
     own = isinstance(err, errors.ConfigError) and str(err).startswith(("--config=", "--config."))
     _refuse(cli.one_line(str(err)) if own else _flags_error_message(err, argv, spec))

@@ -13,7 +13,8 @@ jax.profiler trace (TensorBoard / Perfetto) to WORKDIR/trace with one named scop
 sweep: the config is a sweep config (configs/paper/*.py); every member runs into WORKDIR/runs/<member>
 (default WORKDIR: runs/<config>[-<arg>]), skipping finished members, so rerunning the same command resumes an
 interrupted sweep. `executor="local"` runs them one after another here; `"ray"` runs each as a Ray task on
-the cluster at `ray_address` (None: a local Ray instance). `records`: a directory that also keeps each finished
+the cluster at `ray_address` (None: a local Ray instance), each asking for `ray_cpus_per_member` CPUs and
+`ray_gpus_per_member` of a GPU (`sweep_lib.RayResources`). `records`: a directory that also keeps each finished
 member's record (no checkpoints) and restores it on a fresh machine (fedpsa_jax/sweep.py). Exit code 1 if a
 member failed.
 
@@ -54,6 +55,8 @@ class Options:
   resume: bool = False
   executor: str = "local"
   ray_address: str | None = None
+  ray_cpus_per_member: int | None = None  # None: not given (sweep_lib.RayResources's default)
+  ray_gpus_per_member: float | None = None  # None: not given (the default share on a cluster with GPUs)
   compilation_cache: str | None = None  # None: WORKDIR/jax_cache; '': none
   records: str | None = None  # `--records`: sweep only; the finished members' records kept there as well
   profile_trace: bool = False
@@ -72,24 +75,26 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool) -> int:
                                  "allowed: the workdir of an earlier run, or no --resume for a new run")
   simulation = runner.Simulation(config, workdir)
   if simulation.resumed_from is not None:
-    print(f"resuming {workdir} from its checkpoint at day "
-          f"{simulation.resumed_from / config_lib.UNITS_PER_DAY:.4f} (status {simulation.status})")
+    cli.say(f"resuming {workdir} from its checkpoint at day "
+            f"{simulation.resumed_from / config_lib.UNITS_PER_DAY:.4f} (status {simulation.status})")
   summary = simulation.run()
-  print(runner.summary_line(summary))
-  print(f"outputs in {workdir}")
+  cli.say(runner.summary_line(summary))
+  cli.say(f"outputs in {workdir}")
   return cli.EXIT_OK if summary["status"] == "completed" else cli.EXIT_FAILED
 
 
 def profile(config: ml_collections.ConfigDict, workdir: str, *, trace: bool = False, repeats: int = 5) -> int:
-  """The profile mode: the table on stdout, the rows in WORKDIR/profile.json."""
+  """The profile mode: the table on stdout, the rows and their provenance in WORKDIR/profile.json."""
   config_lib.validate(config)
+  io.refuse_links(workdir, ("profile.json", "profile.json" + io.TMP_SUFFIX, "trace"))
   os.makedirs(workdir, exist_ok=True)
   trace_dir = os.path.join(workdir, "trace") if trace else None
   rows = profiling.profile(config, repeats=repeats, trace_dir=trace_dir)
-  print(profiling.format_table(rows))
-  io.write_json_atomic(os.path.join(workdir, "profile.json"), rows)
-  print(f"profile written to {os.path.join(workdir, 'profile.json')}"
-        + (f", trace to {trace_dir}" if trace_dir else ""))
+  origin = profiling.provenance_of(config, repeats)
+  cli.say(profiling.format_table(rows, origin))
+  io.write_json_atomic(os.path.join(workdir, "profile.json"), {"provenance": origin, "rows": rows})
+  cli.say(f"profile written to {os.path.join(workdir, 'profile.json')}"
+          + (f", trace to {trace_dir}" if trace_dir else ""))
   return cli.EXIT_OK
 
 
@@ -102,13 +107,33 @@ def run_sweep(config: ml_collections.ConfigDict, options: Options) -> int:
   workdir = options.workdir or run_name.sweep_workdir(options.config_path)
   cache = options.compilation_cache
   cache = os.path.join(workdir, "jax_cache") if cache is None else cache
+  if cache and os.path.lexists(cache) and not os.path.isdir(cache):  # (every member would fail on it)
+    raise config_lib.ConfigError(
+        f"--compilation_cache={cache!r} is not a directory (default: WORKDIR/jax_cache); allowed: a directory "
+        "(made if missing), another --compilation_cache, or --compilation_cache='' for none")
   results = sweep_lib.run(config, workdir, options.executor, options.ray_address, compilation_cache=cache or None,
-                          records_dir=options.records)
+                          records_dir=options.records, resources=ray_resources(options), log=cli.say)
   failed = [name for name, s in results.items() if s.get("sweep_action") == "failed"]
-  print(f"sweep {config.name}: {len(results) - len(failed)}/{len(results)} members done in {workdir}"
-        + (f"; failed: {', '.join(failed)}" if failed else "")
-        + f"\nreport: python launch.py --mode=report --workdir={workdir}")
+  cli.say(f"sweep {config.name}: {len(results) - len(failed)}/{len(results)} members done in {workdir}"
+          + (f"; failed: {', '.join(failed)}" if failed else "")
+          + f"\nreport: python launch.py --mode=report --workdir={workdir}")
   return cli.EXIT_FAILED if failed else cli.EXIT_OK
+
+
+def ray_resources(options: Options) -> sweep_lib.RayResources:
+  """What each member's Ray task asks for, from `--ray_cpus_per_member` and `--ray_gpus_per_member`; ConfigError
+  when one is invalid, or given without --mode=sweep --executor=ray."""
+  given = [f"--{name}" for name in ("ray_cpus_per_member", "ray_gpus_per_member") if getattr(options, name) is not None]
+  if given and (options.mode != "sweep" or options.executor != "ray"):
+    raise config_lib.ConfigError(f"{given[0]} is only for --mode=sweep --executor=ray; allowed: those, or no "
+                                 f"{given[0]}")
+  resources = sweep_lib.RayResources(
+      **({"cpus": options.ray_cpus_per_member} if options.ray_cpus_per_member is not None else {}),
+      gpus=options.ray_gpus_per_member)
+  problems = resources.problems()
+  if problems:
+    raise config_lib.ConfigError(problems[0])
+  return resources
 
 
 def run_mode(config: ml_collections.ConfigDict, options: Options, more_modes: Mapping[str, Mode] = NO_MORE_MODES) -> int:
@@ -122,6 +147,7 @@ def run_mode(config: ml_collections.ConfigDict, options: Options, more_modes: Ma
                                  "--mode=sweep --records=DIR, or no --records")
   if options.records == "":
     raise config_lib.ConfigError("--records= is empty; allowed: a directory, or no --records")
+  ray_resources(options)  # (the Ray flags checked before any mode starts)
   if options.mode in more_modes:
     return more_modes[options.mode](config, options)
   if options.mode not in MODES:
@@ -144,14 +170,21 @@ def run_mode(config: ml_collections.ConfigDict, options: Options, more_modes: Ma
 
 def main(config: ml_collections.ConfigDict, options: Options, more_modes: Mapping[str, Mode] = NO_MORE_MODES) -> int:
   """Runs the mode with SIGINT / SIGTERM handled (one line, status `interrupted`, exit 130 / 143; more signals
-  while it stops or exits change neither): the process's exit code. Installs signal handlers, so call it from
-  a command line, not a notebook."""
+  while it stops or exits change neither): the process's exit code. A stopped run ends the process here
+  (`signals.end_process`: no interpreter finalization). Installs signal handlers, so call it from a command
+  line, not a notebook."""
   signals.handle_signals()
+  cli.readable_streams()
   if not options.verbose:
     quiet_library_logs()
   code = cli.exit_code_of(lambda: run_mode(config, options, more_modes))
   signals.exit_on_signal(code)
+  if code in STOPPED_BY_SIGNAL:
+    signals.end_process(code)
   return code
+
+
+STOPPED_BY_SIGNAL = tuple(cli.exit_code_for_signal(s) for s in signals.SIGNALS)
 
 
 # Warnings that ask nothing of a user: tfds's advice to install OpenCV for faster decoding (a split is

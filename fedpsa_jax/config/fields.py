@@ -124,7 +124,17 @@ def set_fields(c: ml_collections.ConfigDict, fields: Mapping[str, Any], *,
       kind = f"type {type(old).__name__}" if old is not None else "the field's type"
       raise ConfigError(f"config field {path}={value!r} is invalid; allowed: a value of {kind}, like its "
                         f"default {old!r}") from None
+  data_path_replaces_name(c, fields)
   return c
+
+
+def data_path_replaces_name(c: ml_collections.ConfigDict, fields_set: Mapping[str, Any] | set[str]) -> None:
+  """The data named by path wins over the config's own data.name: when `fields_set` (the fields a user set
+  over a config: `set_fields`' fields, launch.py's `--config.<field>` flags) holds data.path, with a value, and
+  not data.name, data.name becomes None (`config.validate` wants exactly one of them). Both set by the user
+  stay an error, naming the two."""
+  if "data.path" in fields_set and "data.name" not in fields_set and c.data.get("path") is not None:
+    c.data.name = None
 
 
 # --- the `:arg` grammar ---

@@ -209,15 +209,20 @@ def data_errors(c: ml_collections.ConfigDict, sizes: DataSizes) -> list[str]:
                         f"per training sample: {where})"))
   elif c.partition.method == "label_groups" and sizes.train_per_class:
     errors += _label_group_errors(c, sizes, where)
-  if sizes.sample_bytes:
-    limit = max(1, MAX_BATCH_BYTES // sizes.sample_bytes)
-    for batch_field in ("local.batch_size", "eval.batch_size"):
-      batch = get_field(c, batch_field)
-      if batch > limit:
-        errors.append(error(batch_field, batch, f"an integer in [1, {limit:,}] with {field}={value!r} (a batch of "
-                            f"that many samples of {sizes.sample_bytes:,} bytes each must fit in "
-                            f"{MAX_BATCH_BYTES // 2**30} GiB)"))
-  return errors
+  return errors + sample_errors(c, sizes.sample_bytes)
+
+
+def sample_errors(c: ml_collections.ConfigDict, sample_bytes: int) -> list[str]:
+  """The batch sizes that samples of `sample_bytes` bytes (one float32 input; 0: not known) rule out: a batch must
+  fit in MAX_BATCH_BYTES. Known from a data file's header, before the data is read."""
+  if not sample_bytes:
+    return []
+  field = "data.name" if c.data.name is not None else "data.path"
+  value = get_field(c, field)
+  limit = max(1, MAX_BATCH_BYTES // sample_bytes)
+  return [error(batch_field, get_field(c, batch_field), f"an integer in [1, {limit:,}] with {field}={value!r} (a "
+                f"batch of that many samples of {sample_bytes:,} bytes each must fit in {MAX_BATCH_BYTES // 2**30} GiB)")
+          for batch_field in ("local.batch_size", "eval.batch_size") if get_field(c, batch_field) > limit]
 
 
 def federation_errors(c: ml_collections.ConfigDict, largest_client: int) -> list[str]:
@@ -251,10 +256,13 @@ def _label_group_errors(c: ml_collections.ConfigDict, sizes: DataSizes, where: s
   return errors
 
 
-def validate_data(c: ml_collections.ConfigDict, sizes: DataSizes, largest_client: int | None = None) -> None:
+def validate_data(c: ml_collections.ConfigDict, sizes: DataSizes, largest_client: int | None = None,
+                  sample_only: bool = False) -> None:
   """Raises one ConfigError listing `data_errors` and, once the data is partitioned (`largest_client`: the
-  largest client's training samples), `federation_errors` (the config itself is valid: `validate` ran)."""
-  errors = data_errors(c, sizes) if largest_client is None else federation_errors(c, largest_client)
+  largest client's training samples), `federation_errors` (the config itself is valid: `validate` ran). With
+  `sample_only`, only `sample_errors` (`sizes.sample_bytes`, from a file's header before the data is read)."""
+  errors = (sample_errors(c, sizes.sample_bytes) if sample_only else data_errors(c, sizes) if largest_client is None
+            else federation_errors(c, largest_client))
   if errors:
     raise ConfigError("invalid config for this dataset:\n  " + "\n  ".join(errors))
 

@@ -5,7 +5,7 @@ Config files under `configs/` start from `base_config()` and change values. The 
   top-level `method`, `seed`, `stop_on_nan`): what the run computes;
 - one section per registered strategy (`config.<method>`, from its `default_config()`), so a new algorithm
   brings its hyperparameters with it;
-- `runtime`: how the run executes on this machine (backend, loop form, memory, timing, the console and
+- `runtime`: how the run executes (backend, loop form, memory, timing, the console and
   TensorBoard). No field of it changes a result, so it is never part of a run's identity
   (`fedpsa_jax/run_identity.py`): a run may continue, and a sweep member counts as done, under other runtime
   settings. What each knob buys, measured, is in docs/performance.md.

@@ -2,7 +2,8 @@
 
 A cache file holds one split as `x` (uint8 images) and `y` (int32 labels), the raw arrays before
 normalisation, so every run normalises the same bits as a fresh decode would. A file is written whole or not
-at all (a temporary file renamed into place) and read with NumPy's loader with pickles refused (data only);
+at all (a temporary file renamed into place; one that a killed process left behind is removed by the next write
+into the directory, `_remove_stale_temporaries`) and read with NumPy's loader with pickles refused (data only);
 one that cannot be read or is not what its key promises is ignored, decoded again and rewritten. A cache
 directory that cannot be written costs the decode, never the run.
 
@@ -22,7 +23,9 @@ import contextlib
 import hashlib
 import json
 import os
+import socket
 import tempfile
+import time
 from typing import Callable
 
 import numpy as np
@@ -63,15 +66,18 @@ def write_arrays(path: str, x: np.ndarray, y: np.ndarray, replaces: str | None =
   tmp = None
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".npz.tmp")
+    _remove_stale_temporaries(os.path.dirname(path))
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=_temporary_prefix(), suffix=TEMPORARY_SUFFIX)
     with os.fdopen(fd, "wb") as f:
       np.savez(f, x=x, y=y)
     os.replace(tmp, path)
-  except OSError:
+  except BaseException as err:  # (a Ctrl-C or SIGTERM during the write too: the partial file goes)
     if tmp is not None:
       with contextlib.suppress(OSError):
         os.remove(tmp)
-    return
+    if isinstance(err, OSError):
+      return
+    raise
   if replaces:
     directory, name = os.path.split(path)
     with contextlib.suppress(OSError):
@@ -79,6 +85,44 @@ def write_arrays(path: str, x: np.ndarray, y: np.ndarray, replaces: str | None =
         if old != name and old.startswith(replaces) and old.endswith(".npz"):
           with contextlib.suppress(OSError):
             os.remove(os.path.join(directory, old))
+
+
+TEMPORARY_SUFFIX = ".npz.tmp"
+
+
+def _temporary_prefix() -> str:
+  """`<host>.<pid>.`: whose temporary file it is, so that another process can tell one left behind."""
+  return f"{socket.gethostname().replace('.', '_')}.{os.getpid()}."
+
+
+UNOWNED_TEMPORARY_SECONDS = 86_400  # a temporary file that names no process: a day old is long abandoned
+
+
+def _remove_stale_temporaries(directory: str) -> None:
+  """Removes the temporary files of this host's processes that no longer run (killed during a write: up to
+  ~55 MB each for MNIST), and those that name no process (older versions' `tmp*.npz.tmp`) once a day old.
+  Another host's (a shared home directory) are left alone: their process cannot be checked from here."""
+  host = socket.gethostname().replace(".", "_")
+  with contextlib.suppress(OSError):
+    for entry in os.scandir(directory):
+      parts = entry.name.split(".")
+      if not entry.name.endswith(TEMPORARY_SUFFIX) or not entry.is_file(follow_symlinks=False):
+        continue
+      owned = len(parts) >= 4 and parts[1].isdigit()
+      if (owned and parts[0] == host and not _running(int(parts[1]))) or (
+          not owned and time.time() - entry.stat(follow_symlinks=False).st_mtime > UNOWNED_TEMPORARY_SECONDS):
+        with contextlib.suppress(OSError):
+          os.remove(entry.path)
+
+
+def _running(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except OSError:  # (EPERM: another user's process, running)
+    return True
+  return True
 
 
 def split_fingerprint(directory: str, split: str) -> str | None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from typing import Callable
 
 import numpy as np
 
@@ -96,12 +97,15 @@ _SYNTHETIC_NOISE = 1.0
 
 def load_dataset(name: str | None = None, *, path: str | None = None, test_split: str = "holdout",
                  holdout_fraction: float = 0.1, rng: np.random.Generator,
-                 data_dir: str | None = None) -> Dataset:
+                 data_dir: str | None = None,
+                 on_image_shape: Callable[[tuple[int, int, int]], None] | None = None) -> Dataset:
   """Loads a dataset by `name` or by `path` (exactly one; see the module docstring for sources, normalisation
   and splits).
 
   `rng` draws the stratified holdout (and generates `synthetic`); `data_dir` is where tfds looks
-  for prepared datasets (None: the tfds default, `$TFDS_DATA_DIR` or ~/tensorflow_datasets).
+  for prepared datasets (None: the tfds default, `$TFDS_DATA_DIR` or ~/tensorflow_datasets). `on_image_shape`:
+  called with the images' (H, W, C) as soon as a file's header or a prepared folder's spec gives it, before any
+  image is read (the caller's bounds on a sample: it raises to refuse them).
   """
   if (name is None) == (path is None):
     raise ValueError(f"exactly one of data.name and data.path must be set, got data.name={name!r} and "
@@ -117,9 +121,9 @@ def load_dataset(name: str | None = None, *, path: str | None = None, test_split
   if name in EMBEDDED_DATASETS:
     return _load_embedded(name, test_split, holdout_fraction, rng)
   if path is not None and not os.path.isdir(path):
-    splits = _read_npz(path)
+    splits = _read_npz(path, on_image_shape)
   else:
-    splits = _read_tfds(name, path, test_split, data_dir)
+    splits = _read_tfds(name, path, test_split, data_dir, on_image_shape)
   return _finish(splits, test_split, holdout_fraction, rng)
 
 
@@ -168,7 +172,8 @@ class _Splits:
   stats: _Stats | None  # the paper's constants; None: computed from the training split
 
 
-def _read_tfds(name: str | None, folder: str | None, test_split: str, data_dir: str | None) -> _Splits:
+def _read_tfds(name: str | None, folder: str | None, test_split: str, data_dir: str | None,
+               on_image_shape: Callable[[tuple[int, int, int]], None] | None = None) -> _Splits:
   """A tfds dataset's train and (when it has one) test split: by `name` under `data_dir`, or from `folder`."""
   if folder is not None:
     where = f"data.path={folder!r}"
@@ -178,6 +183,8 @@ def _read_tfds(name: str | None, folder: str | None, test_split: str, data_dir: 
     where = f"tfds dataset {name!r}" + (f" ({folder})" if folder else "")
     label = name
   layout = tfds_reader.read_layout(folder, where) if folder else None
+  if layout is not None and on_image_shape is not None:
+    on_image_shape(layout.shape)
   x, y, layout = tfds_reader.read_split(label, "train", data_dir, folder, layout)
   has_test = "test" in layout.splits if layout.splits else True
   if test_split == "official" and not has_test:
@@ -188,8 +195,8 @@ def _read_tfds(name: str | None, folder: str | None, test_split: str, data_dir: 
   return _Splits(label, where, (x, y), test, layout.num_classes, stats)
 
 
-def _read_npz(path: str) -> _Splits:
-  arrays = npz_reader.read_npz(path)
+def _read_npz(path: str, on_image_shape: Callable[[tuple[int, int, int]], None] | None = None) -> _Splits:
+  arrays = npz_reader.read_npz(path, on_image_shape)
   name = os.path.splitext(os.path.basename(path))[0]
   return _Splits(name, f"data.path={path!r}", (arrays.x_train, arrays.y_train), (arrays.x_test, arrays.y_test),
                  arrays.num_classes, None)
@@ -215,12 +222,15 @@ def _finish(splits: _Splits, test_split: str, holdout_fraction: float, rng: np.r
                  _normalise(test[0], stats.mean, stats.std, scale), test[1], splits.num_classes)
 
 
-def channel_stats(x: np.ndarray, scale: float = 1.0, block: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def channel_stats(x: np.ndarray, scale: float = 1.0, block: int = 4096,
+                  block_values: int = 2**26) -> tuple[tuple[float, ...], tuple[float, ...]]:
   """(mean, std) of each channel of NHWC images `x` / `scale`, over every image and pixel: float64, two passes,
-  `block` images at a time (a float64 copy of a large split would not fit). A constant channel gets std 1 (it is
-  centred, not blown up)."""
+  `block` images at a time, fewer when they hold more than `block_values` values (512 MiB of float64; at least
+  one image): a float64 copy of a large split, or of a block of large images, would not fit. A constant channel
+  gets std 1 (it is centred, not blown up)."""
   channels = x.shape[-1]
   count = x.size // channels
+  block = max(1, min(block, block_values // max(1, x[:1].size)))
 
   def total(f) -> np.ndarray:
     out = np.zeros(channels)

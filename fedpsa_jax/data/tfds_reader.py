@@ -16,15 +16,17 @@ cache without importing tfds.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import math
 import os
 import sys
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from fedpsa_jax.data import cache
+from fedpsa_jax.data import cache, limits
 from fedpsa_jax.errors import DataError
 
 IMAGE_FEATURE = "Image"  # the last component of the spec's pythonClassName
@@ -112,11 +114,26 @@ def _pick(features: Mapping[str, Any], kind: str, preferred: str, where: str) ->
                   "'image' / 'label')")
 
 
-def layout_of(spec: Mapping[str, Any], splits: tuple[str, ...], where: str) -> Layout:
+def layout_of(spec: Any, splits: tuple[str, ...], where: str) -> Layout:
   """The `Layout` of a feature spec in features.json's form (a FeaturesDict as JSON); DataError, naming `where`,
-  when it has no usable image or label."""
-  features = spec.get("featuresDict", {}).get("features")
-  if not isinstance(features, Mapping):
+  when it has no usable image or label, or one that cannot fit (`limits`: an image beyond a batch, too many
+  classes), or is not a spec of that form at all (a list or a number where an object belongs)."""
+  try:
+    layout = _layout_of(spec, splits, where)
+  except DataError:
+    raise
+  except (AttributeError, TypeError, ValueError, KeyError) as err:
+    raise DataError(f"{where}: its features.json is not a tfds feature spec ({type(err).__name__}: {err}); allowed: "
+                    "the features.json tfds wrote when it prepared the dataset") from None
+  limits.check_image(where, layout.shape)
+  limits.check_classes(where, layout.num_classes)
+  return layout
+
+
+def _layout_of(spec: Any, splits: tuple[str, ...], where: str) -> Layout:
+  features_dict = spec.get("featuresDict", {})
+  features = features_dict.get("features") if isinstance(features_dict, Mapping) else None
+  if not isinstance(features, Mapping) or not all(isinstance(f, Mapping) for f in features.values()):
     raise DataError(f"{where}: its features.json holds no feature dictionary; allowed: a dataset with one Image "
                     "feature and one ClassLabel feature")
   image, label = _pick(features, IMAGE_FEATURE, "image", where), _pick(features, LABEL_FEATURE, "label", where)
@@ -202,8 +219,11 @@ def read_split(name: str, split: str, data_dir: str | None, folder: str | None,
   if folder is not None:
     cached = _cached(_cache_path(folder, name, split), _split_length(folder, split), layout.shape)
     if cached is None:
-      source = _open_folder_split(folder, split)
-      cached = _decode(source, layout)
+      where = f"data.path={folder!r}"
+      with _unreadable_records(where, split):
+        source = _open_folder_split(folder, split)
+        _check_fits(source, layout, where, split)
+        cached = _decode(source, layout)
       _store(_cache_path(folder, name, split), cached)
   else:
     source = _open_named_split(name, split, data_dir)
@@ -211,7 +231,10 @@ def read_split(name: str, split: str, data_dir: str | None, folder: str | None,
     path = _cache_path(str(source.dataset_info.data_dir), name, split)
     cached = _cached(path, len(source), layout.shape)
     if cached is None:
-      cached = _decode(source, layout)
+      where = f"tfds dataset {name!r} ({source.dataset_info.data_dir})"
+      with _unreadable_records(where, split):
+        _check_fits(source, layout, where, split)
+        cached = _decode(source, layout)
       _store(path, cached)
   for array in cached:
     array.flags.writeable = False
@@ -255,6 +278,29 @@ def _open_named_split(name: str, split: str, data_dir: str | None):
   if len(source) == 0:
     raise DatasetNotFoundError(f"tfds dataset {name!r} split {split!r} is empty under data.data_dir={data_dir!r}")
   return source
+
+
+@contextlib.contextmanager
+def _unreadable_records(where: str, split: str) -> Iterator[None]:
+  """Turns a failure to open or decode a split's records (a shard cut short, overwritten or deleted, or fewer
+  records than dataset_info.json's `shardLengths` declare) into a DataError naming the folder and the split."""
+  try:
+    yield
+  except DataError:
+    raise
+  except Exception as err:  # noqa: BLE001 — whatever tfds or ArrayRecord raise on damaged records: unusable data
+    detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+    raise DataError(f"{where}: the records of its {split!r} split cannot be read ({type(err).__name__}: {detail}); "
+                    "allowed: the version folder as tfds prepared it, its shards whole and as many records as "
+                    "dataset_info.json declares (prepare it again)") from None
+
+
+def _check_fits(source, layout: Layout, where: str, split: str) -> None:
+  """DataError when the records a split declares cannot fit in memory (`limits.check_fits_memory`): before
+  `_decode` allocates them."""
+  n = len(source)
+  pixels = n * math.prod(layout.shape)
+  limits.check_fits_memory(where, f"the {n:,} images of its {split!r} split", pixels, pixels)
 
 
 def _decode(source, layout: Layout) -> tuple[np.ndarray, np.ndarray]:

@@ -71,9 +71,14 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None) -> tuple[ml_
 def build_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedData]:
   """The dataset and its federation: load, check the config against the data's sizes
   (`config.validate_data`: ConfigError), partition among the clients, optional local test splits."""
+  def check_sample(shape: tuple[int, ...]) -> None:  # (from the file's header: before the images are read)
+    config_lib.validate_data(config, config_lib.DataSizes(0, 0, sample_bytes=4 * int(np.prod(shape))),
+                             sample_only=True)
+
   dataset = load_dataset(config.data.name, path=config.data.path, test_split=config.data.test_split,
                          holdout_fraction=config.data.holdout_fraction,
-                         rng=seeding.host_rng(config.seed, "data"), data_dir=config.data.data_dir)
+                         rng=seeding.host_rng(config.seed, "data"), data_dir=config.data.data_dir,
+                         on_image_shape=check_sample)
   # What only the data can tell (more clients than samples, ...): bad input, found before any other work.
   sizes = config_lib.DataSizes(
       train=len(dataset.y_train), test=len(dataset.y_test),

@@ -1,4 +1,4 @@
-"""Client execution (docs/performance.md): every job computed once, by the backend that is fastest here.
+"""Client execution (docs/performance.md): every job computed once, by the configured backend.
 
 A job's result depends only on (parameters at dispatch, client data, lr, key = fold_in(clients_key,
 job_id)), so when, where and beside which other jobs it is computed never changes it (beyond float
@@ -15,15 +15,15 @@ Backends (`runtime.execution`):
   The payloads and server steps that the server's device runs beside its share of training are not
   counted: the executor cannot see their cost (docs/performance.md, "Host devices"). On a CPU,
   `--xla_force_host_platform_device_count=D` gives D host devices; XLA:CPU runs each convolution on one
-  core, so two client devices keep both cores of this machine busy. With three or more devices the
+  core, so two client devices keep both cores of a 2-core CPU busy. With three or more devices the
   server's device (where the data and the server state live) trains no clients: a device runs its work
   in order, so a server step would otherwise wait behind training.
 - `vmap`: lazy. Dispatched jobs are only recorded; when a result is needed, the pending jobs are
   bucketed by step count (rounded up to a power of two), each bucket cut into batches of exactly
   `width` clients (`runtime.vmap_width`; the last one filled with inert 0-sample jobs), and each batch
   runs as one vmapped call of `max steps in the batch` steps; steps past a client's own count are
-  masked no-ops. One width for every call: XLA's results change with a batch's size (on this CPU a
-  linear client's bits were the same in batches of 1-5 and of 8-16, not across), never with its
+  masked no-ops. One width for every call: XLA's results change with a batch's size (a linear
+  client's bits differed between batches of 1-5 and of 8-16 clients), never with its
   position or its neighbours, so a job's result is a function of its own inputs alone, and a run
   resumed from a checkpoint (which recomputes its in-flight jobs in other company) repeats an
   uninterrupted one bit for bit.
@@ -68,9 +68,8 @@ def resolve_execution(execution: str) -> str:
   """The backend `auto` stands for: `loop`, on every platform measured (docs/performance.md, "Why `auto` is `loop`").
 
   On a CPU vmapped conv training is much slower (grouped convolutions; dense models run about as fast either
-  way); on one H100 `loop` ran the paper's MNIST and CIFAR-10 members 2.5x and 1.6x faster than `vmap`, in less
-  device memory (benchmarks/gpu_backends.py). Several GPUs are not measured: `loop` spreads the jobs over every
-  device, and `sharded` is `vmap`'s program split over them.
+  way); on a GPU `loop` was faster than `vmap`, in less device memory (benchmarks/gpu_backends.py). Several GPUs
+  are not measured: `loop` spreads the jobs over every device, and `sharded` is `vmap`'s program split over them.
   """
   return "loop" if execution == "auto" else execution
 

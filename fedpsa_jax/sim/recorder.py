@@ -32,7 +32,7 @@ from fedpsa_jax import checkpoint as checkpoint_lib
 from fedpsa_jax import errors, io, signals, tensorboard
 from fedpsa_jax.config import UNITS_PER_DAY, budget_units
 
-TENSORBOARD_DIR = "tensorboard"  # RUN_DIR/tensorboard: the event files of runtime.tensorboard
+TENSORBOARD_DIR = io.TENSORBOARD_DIR  # RUN_DIR/tensorboard: the event files of runtime.tensorboard
 
 
 class Recorder:

@@ -285,7 +285,9 @@ class Simulation:
     identity = {"method": self.config.method, "dataset": self.parts.dataset.name, "model": self.config.model.name,
                 "seed": self.config.seed}
     if self._provenance is None:
-      self._provenance = provenance.of_run(self.parts.dataset)
+      # (with the virtual day of the checkpoint this process continued from; None: it started the run)
+      resumed = None if self.resumed_from is None else self.resumed_from / config_lib.UNITS_PER_DAY
+      self._provenance = {**provenance.of_run(self.parts.dataset), "resumed_from_day": resumed}
     return {**metrics.summarize(self.history, self.loop, identity, accounting,
                                 target_accuracy=self.config.eval.target_accuracy,
                                 units_per_day=config_lib.UNITS_PER_DAY),

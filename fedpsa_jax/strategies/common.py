@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 from fedpsa_jax.validation import Validator, field_errors, get_field, integer, is_integer
 
 Rows = Sequence[tuple[str, Validator]]
@@ -34,3 +36,20 @@ def buffer_size(config: Any) -> Validator:
 def buffer_size_errors(config: Any, section: str) -> list[str]:
   """`<section>.buffer_size` checked by `buffer_size(config)` (for a strategy that has no other rows)."""
   return section_errors(config, section, (("buffer_size", buffer_size(config)),))
+
+
+# How much a buffered flush moves the model in all (Σ_i w_i, before a server step size): `staleness` is
+# FedBuff's step, the mean staleness discount of the flushed updates, (1/B) Σ_i (1 + τ_i)^(-1/2) (< 1 once any
+# update is stale); `unit` is weights summing to 1, FedPSA's Eq. 20. Both strategies offer both, so that the
+# shape of the weights and the size of the step can be varied apart (docs/methods.md, "Shape and step").
+STEPS = ("staleness", "unit")
+
+
+def staleness_discount(tau: np.ndarray) -> np.ndarray:
+  """FedBuff's s(τ) = (1 + τ)^(-1/2), on the host (NumPy, float32 in, float32 out)."""
+  return (1.0 + tau) ** -0.5
+
+
+def staleness_step(tau: Sequence[int]) -> np.float32:
+  """FedBuff's step for one flush, Σ_i s(τ_i) / B over the B flushed updates (the `staleness` of STEPS)."""
+  return np.float32(staleness_discount(np.asarray(tau, np.float32)).sum() / np.float32(len(tau)))

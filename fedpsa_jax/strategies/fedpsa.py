@@ -48,6 +48,12 @@ default.
 Arrivals of one event time enter the buffer together (so a flush may hold more than L_s, as in FLGo's
 FedBuff on which FedPSA builds).
 
+The step (a control, not the paper's): Eq. 20's weights sum to 1, while FedBuff's, (1 + τ_i)^(-1/2) / B, sum to
+less once an update is stale, so FedPSA differs from FedBuff both in the shape of its weights (κ) and in the size
+of its step. `step='staleness'` scales the Eq. 19 weights to FedBuff's sum for the same buffer,
+(1/B) Σ_i (1 + τ_i)^(-1/2), keeping their shape: FedPSA − this variant is the step alone, this variant − FedBuff
+the shape alone (docs/methods.md, "Shape and step"). The default, `unit`, is Eq. 20.
+
 κ-alignment (Sec. 6.6, Eqs. 21-22), a diagnostic for the paper's Fig. 6, off by default
 (`fedpsa.log_alignment`): for each received update, align = cos(g_client, g_server) with
 g = ∇ mean cross-entropy on a fixed held-out test batch (`StrategyContext.sample`, stream 'alignment'), at the
@@ -73,7 +79,7 @@ from fedpsa_jax.choices import CALIBRATION_KINDS
 from fedpsa_jax.data.calibration import gaussian_batch
 from fedpsa_jax.errors import ConfigError
 from fedpsa_jax.strategies.base import Arrival, ClientSide, Strategy, register
-from fedpsa_jax.strategies.common import buffer_size, section_errors
+from fedpsa_jax.strategies.common import STEPS, buffer_size, section_errors, staleness_step
 from fedpsa_jax.tree_util import squared_norm, tree_add_scaled
 from fedpsa_jax.validation import boolean, error, integer, is_number, number, one_of
 
@@ -98,6 +104,7 @@ class FedPSAState:
   temperature: jax.Array  # Temp (Eq. 18) of the last flush (the initial or fixed Temp before one)
   deltas: tuple = ()  # buffered Δ_i
   sketches: tuple = ()  # buffered client sketches s̃_i (their κ is computed at the flush)
+  staleness: tuple = flax.struct.field(pytree_node=False, default=())  # host ints τ_i (step='staleness' only)
   queue_count: int = flax.struct.field(pytree_node=False, default=0)  # pushes up to the last flush (host)
   last_kappas: jax.Array | None = None  # κ of the last flush (diagnostics)
   last_weights: jax.Array | None = None  # weights of the last flush (diagnostics)
@@ -147,17 +154,18 @@ def _push(queue: jax.Array, m0: jax.Array, norms: jax.Array, start: jax.Array,
 @functools.partial(jax.jit, static_argnames=("gamma", "delta"))
 def _aggregate(params: Params, deltas: tuple, sketches: tuple, global_sketch: jax.Array, queue: jax.Array,
                m0: jax.Array, temp: jax.Array, start: jax.Array, fill_index: jax.Array, queue_full: jax.Array,
-               use_softmax: jax.Array, *, gamma: float, delta: float) -> dict[str, Any]:
+               use_softmax: jax.Array, step: jax.Array, *, gamma: float, delta: float) -> dict[str, Any]:
   """A FedPSA round's aggregation in one compiled call: Eqs. 12 and 16 for every buffered update (in arrival
   order), the queue pushes and M0, Temp (Eq. 18, when `queue_full`; otherwise `temp` stays), the weights
-  (Eq. 19) and the new global model (Eq. 20). (Its sketch s̃_g is the flush's second call.)
+  (Eq. 19, times `step`: 1 for Eq. 20) and the new global model (Eq. 20). (Its sketch s̃_g is the flush's second
+  call.)
 
-  The ring position `start`, `fill_index` and the switches are traced, so the call compiles once per buffer
-  length."""
+  The ring position `start`, `fill_index`, the switches and `step` are traced, so the call compiles once per
+  buffer length."""
   kappas, norms = _kappas_and_norms(sketches, deltas, global_sketch)
   queue, m0 = _push(queue, m0, norms, start, fill_index)
   temp = jnp.where(queue_full, temperature(queue, m0, gamma, delta), temp)
-  weights = flush_weights(kappas, temp, use_softmax)
+  weights = flush_weights(kappas, temp, use_softmax) * step
   params = tree_add_scaled(params, deltas, weights)
   return {"params": params, "queue": queue, "m0": m0, "temperature": temp, "last_kappas": kappas,
           "last_weights": weights, "last_norms": norms}
@@ -247,6 +255,9 @@ class FedPSA(Strategy):
     # (not the paper's: one random row and sign per parameter, 8 bytes per parameter held, an unbiased sketch of
     # the same inner products; docs/performance.md, "FedPSA's cost")
     c.projection = "gaussian"
+    # The sum of the weights: unit (1, Eq. 20) | staleness (not the paper's: the Eq. 19 weights scaled to FedBuff's
+    # step for the same buffer, (1/B) Σ_i (1 + τ_i)^(-1/2); a control that separates κ's shape from the step)
+    c.step = "unit"
     # Fig. 6 diagnostic: log align = cos(g_client, g_server) on a held-out test batch (Eqs. 21-22) beside κ
     # in events.jsonl (needs output.events). Costs two gradients on alignment_batch_size samples per
     # received update; does not change training.
@@ -267,7 +278,7 @@ class FedPSA(Strategy):
                                          "client's sensitivity is computed on all of it; Table 5: 16-512")),
             ("sketch_dim", integer(ge=1, le=MAX_SKETCH_DIM, note="the rows of the sketch_dim x parameters float32 "
                                    "projection held in memory; default 16")),
-            ("projection", one_of(PROJECTIONS)),
+            ("projection", one_of(PROJECTIONS)), ("step", one_of(STEPS)),
             ("alignment_batch_size", integer(ge=1))]
     errors = section_errors(config, "fedpsa", rows)
     if c.log_alignment is True and not config.output.events:
@@ -330,6 +341,8 @@ class FedPSA(Strategy):
           state.params, tuple(a.params_start for a in arrivals), tuple(a.delta for a in arrivals)))
     state = state.replace(deltas=state.deltas + tuple(a.delta for a in arrivals),
                           sketches=state.sketches + tuple(a.payload for a in arrivals))
+    if self.hparams.step == "staleness":  # (kept only where used: the default state is as before)
+      state = state.replace(staleness=state.staleness + tuple(a.staleness for a in arrivals))
     if len(state.deltas) < self.hparams.buffer_size:
       return state, False
     return self._flush(state), True
@@ -341,11 +354,12 @@ class FedPSA(Strategy):
     h, n, count = self.hparams, len(state.deltas), state.queue_count
     queue_full = count + n >= h.queue_length  # after this round's pushes
     fill_index = h.queue_length - 1 - count if count < h.queue_length <= count + n else -1
+    step = staleness_step(state.staleness) if h.step == "staleness" else np.float32(1.0)
     out = _aggregate(state.params, state.deltas, state.sketches, state.global_sketch, state.queue, state.m0,
                      state.temperature, np.int32(count % h.queue_length), np.int32(fill_index),
                      np.bool_(queue_full and not h.no_temperature), np.bool_(queue_full or h.no_temperature),
-                     gamma=float(h.gamma), delta=float(h.delta))
-    return state.replace(**out, global_sketch=self.sketch(out["params"]), deltas=(), sketches=(),
+                     step, gamma=float(h.gamma), delta=float(h.delta))
+    return state.replace(**out, global_sketch=self.sketch(out["params"]), deltas=(), sketches=(), staleness=(),
                          queue_count=count + n)
 
   def diagnostics(self, state: FedPSAState) -> dict[str, Any]:

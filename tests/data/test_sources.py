@@ -523,3 +523,41 @@ def test_a_missing_test_split_allows_only_the_holdout(colour):
 def test_an_unknown_tfds_name_says_so(tmp_path):
   with pytest.raises(sources.DatasetNotFoundError, match=r"data\.name='no_such_dataset': .*tfds knows no dataset"):
     sources.load_dataset("no_such_dataset", rng=np.random.default_rng(0), data_dir=str(tmp_path))
+
+
+def test_a_write_stopped_by_a_signal_or_a_kill_leaves_no_temporary_file_behind(tmp_path, monkeypatch):
+  """A SIGTERM during the first decode's write (raised as an exception) used to leave its `*.npz.tmp` in the
+  cache, and so did a kill; the write removes its own on any exception, and the next write removes those of
+  processes that no longer run (and old nameless ones), not those of a process still writing."""
+  import signal
+  import subprocess
+  import time
+
+  from fedpsa_jax import errors
+  directory = tmp_path / "cache"
+  directory.mkdir()
+  x, y = np.zeros((4, 2, 2), np.uint8), np.arange(4, dtype=np.int32)
+
+  def interrupted_savez(*args, **kwargs):
+    raise errors.Interrupted(signal.SIGTERM)
+
+  monkeypatch.setattr(cache.np, "savez", interrupted_savez)
+  with pytest.raises(errors.Interrupted):
+    cache.write_arrays(str(directory / "a.npz"), x, y)
+  assert os.listdir(directory) == []
+  monkeypatch.undo()
+
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+  host = cache._temporary_prefix().split(".")[0]
+  left = {name: directory / name for name in (f"{host}.{dead.stdout.strip()}.abc.npz.tmp",  # killed
+                                               f"{host}.{os.getpid()}.def.npz.tmp",  # still writing (this process)
+                                               f"otherhost.{dead.stdout.strip()}.ghi.npz.tmp",  # not checkable here
+                                               "tmpold.npz.tmp", "tmpnew.npz.tmp")}  # nameless: by age
+  for path in left.values():
+    path.write_bytes(b"partial")
+  day_old = time.time() - cache.UNOWNED_TEMPORARY_SECONDS - 60
+  os.utime(left["tmpold.npz.tmp"], (day_old, day_old))
+  cache.write_arrays(str(directory / "a.npz"), x, y)
+  assert sorted(os.listdir(directory)) == sorted(["a.npz", f"{host}.{os.getpid()}.def.npz.tmp",
+                                                  f"otherhost.{dead.stdout.strip()}.ghi.npz.tmp", "tmpnew.npz.tmp"])
+  assert cache.read_arrays(str(directory / "a.npz"), lambda x, y: True) is not None

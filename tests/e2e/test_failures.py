@@ -588,6 +588,7 @@ def test_a_run_directory_with_an_entry_of_the_wrong_kind_is_refused_and_left_as_
     (errno.ENOSPC, "make room and rerun the same command"), (errno.EDQUOT, "make room and rerun the same command"),
     (errno.ENOTDIR, "a part of the path is a file where a directory must be"),
     (errno.EISDIR, "it is a directory where a file must be"), (errno.EACCES, "this user may not write there"),
+    (errno.ELOOP, "it is a symbolic link, which this tool never writes through"),
     (errno.EROFS, "the file system is read-only")])
 def test_the_advice_of_an_output_that_cannot_be_written_fits_its_cause(code, advice):
   err = errors.OutputWriteError(code, os.strerror(code), "/w/checkpoints/864")

@@ -1,4 +1,4 @@
-"""Whole runs on data the paper did not use (issue 34, item 2), each kind from a real fixture: a prepared tfds
+"""Whole runs on data the paper did not use (docs/runs.md, "Your own dataset"), each kind from a real fixture: a prepared tfds
 dataset tfds does not know by name (tests/fixtures/tensorflow_datasets/colour_digits/1.0.0: MNIST records made
 24x28 RGB, under other feature names), opened by its folder (`data.path`) and by its name under `data.data_dir`;
 and an .npz of one's own arrays (the MNIST fixture's images, saved by the test). From the command line, the
@@ -143,3 +143,15 @@ def test_a_sweep_over_data_paths_skips_done_members_until_the_content_changes(di
   np.savez(own, **{**arrays, "y_train": arrays["y_train"][::-1].copy()})  # other content, same path
   member = next(m for m in sweep.expand(make()) if m.labels["data"] == "npz")
   assert not sweep.is_done(io.config_json(member.config), sweep.member_dir(str(tmp_path / "sweep"), member))
+
+
+def test_a_data_path_alone_on_the_command_line_replaces_the_configs_data_name(digits_npz, tmp_path):
+  """`--config.data.path=X` alone was refused: "data.name='mnist_5k' and data.path=... are both set"."""
+  with np.load(digits_npz) as f:
+    arrays = dict(f)
+  bad = str(tmp_path / "bad.npz")  # (refused once loaded: the path was taken, without a run)
+  np.savez(bad, **{**arrays, "y_test": arrays["y_test"].astype(np.float32)})
+  proc = subprocess.run([sys.executable, "launch.py", "--config=configs/default.py", f"--config.data.path={bad}",
+                         f"--workdir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 2 and proc.stderr.strip() == (
+      f"data.path={bad!r}: y_test has dtype float32; allowed: integer labels"), proc.stderr

@@ -132,8 +132,10 @@ def test_a_report_from_the_records_alone_is_the_report_of_the_sweep(tmp_path):
 
 
 @pytest.mark.slow
-def test_ray_executor_gives_the_local_executor_results(tmp_path):
+def test_ray_executor_gives_the_local_executor_results(tmp_path, monkeypatch):
   ray = pytest.importorskip("ray")
+  # (else a local ray.init() writes an authentication token into ~/.ray and turns it on for this whole process)
+  monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
   config = _tiny_sweep(("fedbuff", "fedpsa"))
   local = sweep.run_local(config, str(tmp_path / "local"), log=lambda _: None)
   ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
@@ -164,7 +166,11 @@ def test_launch_sweep_rejects_a_run_config(tmp_path):
   assert done.returncode == 2 and "--workdir is required" in done.stderr
   done = _launch("--mode=sweep", "--config=configs/paper/table9.py", f"--workdir={tmp_path / 'y'}")
   assert done.returncode == 2 and "no such file" in done.stderr and "table1.py" in done.stderr
-  assert not os.path.exists(tmp_path / "x") and not os.path.exists(tmp_path / "y")
+  done = _launch("--mode=sweep", "--config=configs/paper/table1.py:smoke", f"--workdir={tmp_path / 'z'}",
+                 "--executor=ray", "--ray_gpus_per_member=2")
+  assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == (
+      "--ray_gpus_per_member=2.0 is invalid; allowed: a number from 0 to 1 (each member's share of one GPU; 0: no GPU)")
+  assert not any(os.path.exists(tmp_path / name) for name in ("x", "y", "z"))
 
 
 @pytest.mark.slow

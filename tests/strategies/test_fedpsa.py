@@ -662,7 +662,7 @@ def test_count_sketch_projection_is_held_and_used_for_clients_and_server():
 
 
 def _old_path_sketch(strategy, params):
-  """The sketch as the code computed it before issue 33 (the reference kept here): the sensitivity (Eq. 8),
+  """An independent reference for the sketch, Eq. 11 as printed: the sensitivity (Eq. 8),
   then the whole R (`projection_matrix`, the same key) times ravel_pytree(s) in one product (Eq. 11)."""
   h, ctx = strategy.hparams, strategy.ctx
   R = sensitivity.projection_matrix(seeding.device_key(ctx.seed, "fedpsa/projection"), h.sketch_dim,
@@ -700,7 +700,7 @@ def _recorded_run(monkeypatch, old_path: bool) -> list[dict]:
 
 @pytest.mark.slow
 def test_kappas_sketches_and_weights_match_the_old_sketch_path(monkeypatch):
-  """On a fixed job, the per-leaf projection in one program (issue 33) gives the sketches, κ, weights and models
+  """On a fixed job, the per-leaf projection in one program (`sensitivity.sketch_of`) gives the sketches, κ, weights and models
   of the old path (`_old_path_sketch`) to float tolerance, round after round, through the softmax phase."""
   new, old = _recorded_run(monkeypatch, False), _recorded_run(monkeypatch, True)
   assert len(new) == len(old) >= 4 and any(not np.allclose(r["weights"], r["weights"][0]) for r in new)
@@ -712,3 +712,37 @@ def test_kappas_sketches_and_weights_match_the_old_sketch_path(monkeypatch):
     np.testing.assert_allclose(r_new["kappa"], r_old["kappa"], atol=1e-5)
     np.testing.assert_allclose(r_new["weights"], r_old["weights"], rtol=1e-5)
     assert_close(r_new["params"], r_old["params"], AGGREGATION_TOL)
+
+
+@pytest.mark.parametrize("queue_length", [50, 1])  # uniform phase (queue not full), softmax from the first flush
+def test_step_staleness_scales_the_eq19_weights_to_fedbuffs_sum(queue_length):
+  # Same arrivals into FedPSA with step='unit' (Eq. 20) and step='staleness': the same κ and Temp, so the weights'
+  # shape is the same and only their sum differs, FedBuff's (1/B) Σ (1 + τ_i)^(-1/2) for this buffer.
+  rng = np.random.default_rng(11)
+  taus = [0, 1, 3]
+  deltas = [_random_like(PARAMS0, rng, 0.1) for _ in taus]
+  sketches = [jnp.asarray(rng.normal(size=K_SKETCH), jnp.float32) for _ in taus]
+  arrivals = [_arrival(i, d, s, staleness=t) for i, (t, d, s) in enumerate(zip(taus, deltas, sketches))]
+  weights = {}
+  for step in ("unit", "staleness"):
+    strategy, state = _fedpsa(buffer_size=3, queue_length=queue_length)
+    strategy.hparams.step = step
+    w = _np_tree(state.params)
+    state, changed = strategy.receive(state, arrivals)
+    assert changed and state.staleness == ()
+    weights[step] = np.asarray(state.last_weights, np.float64)
+    expected = jax.tree.map(lambda a, *ds: a + sum(c * d for c, d in zip(weights[step], ds)), w,
+                            *[_np_tree(d) for d in deltas])
+    _close(state.params, expected)
+  step = np.mean((1.0 + np.asarray(taus)) ** -0.5)  # 0.7357
+  np.testing.assert_allclose(weights["unit"].sum(), 1.0, rtol=1e-6)
+  np.testing.assert_allclose(weights["staleness"], weights["unit"] * step, rtol=1e-6)
+  if queue_length == 1:
+    assert np.ptp(weights["unit"]) > 1e-3  # the softmax really weighs (not the uniform phase)
+
+
+def test_step_bad_value_names_the_field():
+  cfg = config_lib.base_config()
+  cfg.fedpsa.step = "fedbuff"
+  errors = FedPSA.validate_config(cfg)
+  assert len(errors) == 1 and errors[0].startswith("fedpsa.step='fedbuff' is invalid; allowed:"), errors

@@ -1,0 +1,137 @@
+"""A sweep's declared contrasts: the effect of each, with the seed as the unit, ± its 95% interval, Holm's p.
+
+A results sweep declares its analysis before any member runs, in the sweep config's `analysis` section
+(`configs/results/shape_step.py` is the example): the unit (`seed`), the axis whose labels are the arms
+(`axis`), the axes averaged within a seed (`blocks`, e.g. α), the primary endpoint and the secondary ones, and
+the family of contrasts, each `[name, {arm: coefficient}]` with coefficients summing to 0. For each endpoint
+the report gives:
+
+- over all blocks at once: each contrast computed within each seed, the blocks averaged first, then a one-sample
+  t-test over the seeds (`report_stats.seed_blocked`); the contrasts of the family Holm-adjusted together;
+- per block: the same contrast within one block (a paired t-test over the seeds); the contrasts × blocks a second
+  family, Holm-adjusted together.
+
+Endpoints: `tail_test_accuracy`, the mean test accuracy over the evaluations in the last `tail_fraction` of the
+run's virtual horizon (from metrics.jsonl: a single evaluation on a small test set jumps by several points from
+one evaluation to the next), and any summary.json field (`final_test_accuracy`, `aulc_per_day`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import pandas as pd
+
+from fedpsa_jax import io
+from fedpsa_lab import report_lib, report_stats
+
+TAIL_ENDPOINT = "tail_test_accuracy"
+ENDPOINT_NAMES = {TAIL_ENDPOINT: "mean accuracy over the last {pct:g}% of the run",
+                  "final_test_accuracy": "final accuracy (one evaluation)", "aulc_per_day": "AULC per day"}
+
+
+def tail_accuracy(records: list[dict[str, Any]], horizon_days: float, fraction: float) -> float:
+  """The mean `test_accuracy` of the evaluations at day ≥ (1 − fraction) · horizon (NaN with none there, e.g. a
+  run stopped early)."""
+  start = (1.0 - fraction) * horizon_days - 1e-9 * horizon_days  # (the grid's days are sums of float steps)
+  values = [r["test_accuracy"] for r in records if r.get("day", -1.0) >= start and "test_accuracy" in r]
+  return float(sum(values) / len(values)) if values else math.nan
+
+
+def endpoint_values(frame: pd.DataFrame, sweep: dict[str, Any], endpoint: str
+                    ) -> dict[str, dict[Any, dict[int, float]]]:
+  """{arm: {block labels: {seed: value × scale}}} of the completed members (`report.load_members`' frame)."""
+  analysis = sweep["analysis"]
+  horizon, scale = sweep["base"]["sim"]["virtual_days"], analysis.get("scale", 1.0)
+  out: dict[str, dict[Any, dict[int, float]]] = {}
+  for _, row in frame[frame["status"] == "completed"].iterrows():
+    if endpoint == TAIL_ENDPOINT:
+      value = tail_accuracy(io.read_metrics(row["run_dir"]), horizon, analysis["tail_fraction"])
+    else:
+      value = float(row[endpoint])
+    block = tuple(row[f"label:{b}"] for b in analysis.get("blocks", []))
+    arm, seed = row[f"label:{analysis['axis']}"], int(row["label:seed"])
+    out.setdefault(arm, {}).setdefault(block, {})[seed] = value * scale
+  return out
+
+
+def contrast_frame(frame: pd.DataFrame, sweep: dict[str, Any]) -> pd.DataFrame:
+  """One row per endpoint × family × contrast (× block): estimate, half-width, seeds, p, Holm's p (over the
+  row's family) and the verdict."""
+  analysis = sweep["analysis"]
+  rows = []
+  for endpoint in [analysis["primary"], *analysis.get("secondary", [])]:
+    values = endpoint_values(frame, sweep, endpoint)
+    blocks = sorted({b for arm in values.values() for b in arm}, key=str)
+    for name, weights in analysis["contrasts"]:
+      rows.append(_row(endpoint, "all blocks", name, "all", report_stats.seed_blocked(values, weights)))
+      for b in blocks if len(blocks) > 1 else []:
+        only = {arm: {b: by_block[b]} for arm, by_block in values.items() if b in by_block}
+        rows.append(_row(endpoint, "per block", name, ",".join(map(str, b)), report_stats.seed_blocked(only, weights)))
+  out = pd.DataFrame(rows)
+  if len(out):
+    out["p_holm"] = out.groupby(["endpoint", "family"], sort=False)["p_value"].transform(report_stats.holm)
+    out["verdict"] = [_verdict(d, p, n) for d, p, n in zip(out["difference"], out["p_holm"], out["seeds"])]
+  return out
+
+
+def _row(endpoint: str, family: str, name: str, block: str, d: report_stats.PairedDifference) -> dict[str, Any]:
+  return {"endpoint": endpoint, "family": family, "contrast": name, "block": block, "difference": d.diff.mean,
+          "ci95_half_width": d.diff.half_width, "seeds": d.diff.n, "p_value": d.p_value}
+
+
+def _verdict(difference: float, p_holm: float, seeds: int) -> str:
+  if seeds < 2:
+    return "no complete seed yet" if seeds == 0 else "one seed: unknown"
+  if not p_holm < report_stats.SIGNIFICANCE:
+    return "within the noise"
+  return "higher" if difference > 0 else "lower"
+
+
+def _p(p: float) -> str:
+  return "n/a" if math.isnan(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def contrasts_markdown(table: pd.DataFrame, sweep: dict[str, Any], title: str) -> str:
+  """contrasts.md: the plan as declared, then per endpoint the family over all blocks and the per-block family."""
+  analysis = sweep["analysis"]
+  blocks = ", ".join(analysis.get("blocks", [])) or "none"
+  lines = [title, "Declared in the sweep config before the runs (its `analysis` section). Unit: the "
+           f"{analysis['unit']} (members sharing one share data, partition, latencies and initial model); "
+           f"blocks averaged within a seed: {blocks}. Each effect is the contrast's mean over the seeds ± the "
+           "half-width of its 95% t-interval (percentage points), then the two-sided p of the one-sample t-test "
+           "over the seeds, unadjusted and Holm-adjusted over the family (the contrasts of one table). The verdict "
+           "reads Holm's p at 0.05.", ""]
+  pct = 100 * analysis.get("tail_fraction", 0.1)
+  for endpoint, part in table.groupby("endpoint", sort=False):
+    role = "primary" if endpoint == analysis["primary"] else "secondary"
+    lines.append(f"## {ENDPOINT_NAMES.get(endpoint, endpoint).format(pct=pct)} ({role} endpoint)\n")
+    for family, rows in part.groupby("family", sort=False):
+      with_block = family == "per block"
+      lines.append(f"### {'Per block' if with_block else 'Over all blocks (seed means)'}\n")
+      head = ["contrast", *(["block"] if with_block else []), "effect ± 95% CI", "seeds", "p (Holm)",
+              "p (unadjusted)", "verdict"]
+      lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+      for _, r in rows.iterrows():
+        half = "" if math.isnan(r.ci95_half_width) else f" ± {r.ci95_half_width:.2f}"
+        effect = "-" if math.isnan(r.difference) else f"{r.difference:+.2f}{half}"
+        cells = [r.contrast, *([r.block] if with_block else []), effect, str(r.seeds),
+                 _p(r.p_holm), _p(r.p_value), r.verdict]
+        lines.append("| " + " | ".join(cells) + " |")
+      lines.append("")
+  return "\n".join(lines)
+
+
+def write(frame: pd.DataFrame, sweep: dict[str, Any], out: str, title: str) -> list[str]:
+  """contrasts.md and contrasts.csv into `out`; nothing for a sweep without an `analysis` section."""
+  if not sweep.get("analysis"):
+    return []
+  table = contrast_frame(frame, sweep)
+  return [report_lib.write_text(os.path.join(out, "contrasts.md"), contrasts_markdown(table, sweep, title)),
+          report_lib.write_csv(table, os.path.join(out, "contrasts.csv"))]
+
+
+__all__ = ["ENDPOINT_NAMES", "TAIL_ENDPOINT", "contrast_frame", "contrasts_markdown", "endpoint_values",
+           "tail_accuracy", "write"]
