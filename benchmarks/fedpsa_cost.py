@@ -151,8 +151,8 @@ def pieces() -> None:
   # The client's payload at a trained model (the global model plus noise), as the executor calls it.
   end = jax.tree.map(lambda p: p + 1e-3 * jax.random.normal(jax.random.key(1), p.shape, p.dtype), params)
   client = int(np.argsort(fed.client_sizes)[len(fed.client_sizes) // 2])
-  job = strategies.ClientJob(client, fed.x_train, fed.y_train, fed.client_indices[client],
-                             int(fed.client_sizes[client]), ())
+  job = strategies.ClientJob(client, local.ClientData(fed.x_train, fed.y_train, fed.client_indices[client], None,
+                                                      np.int32(fed.client_sizes[client])))
 
   # One SGD step at batch B, as profiling.py times it.
   n, row = int(fed.client_sizes[client]), fed.client_indices[client]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
 import json
 import os
 from typing import Any, Iterable, Mapping, Sequence
@@ -28,6 +27,7 @@ import pandas as pd
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, strategies
+from fedpsa_jax import sweep as sweep_lib
 from fedpsa_jax.sim import runner
 from fedpsa_jax.tree_util import to_host
 
@@ -39,21 +39,15 @@ PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # --- configs -----------------------------------------------------------------------------------------
 
 
-def _load_config_file(spec: str) -> ml_collections.ConfigDict:
-  """'path/to/file.py[:arg]' -> that file's get_config(arg), as `--config=` reads it."""
-  path, _, arg = spec.partition(":")
-  if not os.path.exists(path) and not os.path.isabs(path):
-    candidate = os.path.join(PROJECT_ROOT, path)
-    if os.path.exists(candidate):
-      path = candidate
+def _config_file(spec: str) -> ml_collections.ConfigDict:
+  """'path/to/file.py[:arg]' -> that file's get_config(arg), read as `--config=` reads it (`config.load_file`);
+  a relative path missing from the working directory is tried from the repository root."""
+  path, colon, arg = spec.partition(":")
+  if not os.path.exists(path) and not os.path.isabs(path) and os.path.exists(os.path.join(PROJECT_ROOT, path)):
+    path = os.path.join(PROJECT_ROOT, path)
   if not os.path.exists(path):
     raise FileNotFoundError(f"config file {path!r} not found (looked in {os.getcwd()!r} and {PROJECT_ROOT!r})")
-  module_spec = importlib.util.spec_from_file_location(f"_fedpsa_config_{abs(hash(path))}", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  if not hasattr(module, "get_config"):
-    raise ValueError(f"config file {path!r} has no get_config(arg) function")
-  return module.get_config(arg or None)
+  return config_lib.load_file(path + colon + arg)
 
 
 def _add_missing_sections(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -92,7 +86,7 @@ def config_from(source: str | ml_collections.ConfigDict | None = None,
   elif isinstance(source, ml_collections.ConfigDict):
     c = copy.deepcopy(source)  # variants never alias their parent
   else:
-    c = _load_config_file(source)
+    c = _config_file(source)
   _add_missing_sections(c)
   if isinstance(overrides, str):
     overrides = config_lib.parse_arg(overrides)[1]
@@ -104,10 +98,15 @@ def config_from(source: str | ml_collections.ConfigDict | None = None,
 def _prepared(config: ml_collections.ConfigDict, progress: bool, caller: str) -> ml_collections.ConfigDict:
   """A private copy of `config` for one run (the caller's object is never changed), with the progress
   switch set and the sections of late-registered strategies added. TypeError naming `config_from` when
-  `config` is not a ConfigDict (a config file's path, a dict)."""
+  `config` is not a ConfigDict (a config file's path, a dict); ConfigError when it is a sweep config."""
   if not isinstance(config, ml_collections.ConfigDict):
     raise TypeError(f"{caller}(config=...) takes a ConfigDict, not {type(config).__name__} {config!r:.80}; allowed: "
                     f"a config built with config_from, e.g. {caller}(config_from('configs/default.py'))")
+  if sweep_lib.is_sweep_config(config):
+    raise config_lib.ConfigError(
+        f"{caller}(config=...) got the sweep config {config.name!r} (name, base, axes, seeds), not one run's; allowed: "
+        f"one member's run config, e.g. {caller}(fedpsa_jax.sweep.expand(sweep)[0].config), or the whole sweep with "
+        "python launch.py --mode=sweep --config=FILE")
   c = _add_missing_sections(copy.deepcopy(config))
   c.runtime.progress = bool(progress)
   return c

@@ -214,7 +214,7 @@ class Profiler:
       config.method = method
       if registered[method].validate_config(config):
         continue  # not applicable to this model (FedPAC on the linear model)
-      strategy = registered[method](config, self.sim.strategy.ctx)
+      strategy = registered[method](config.get(method, ml_collections.ConfigDict()), self.sim.strategy.ctx)
       state = strategy.init(self.params)
       arrivals = _arrivals_for_a_round(strategy, state, fed)
       count = len(arrivals)
@@ -246,8 +246,8 @@ def _arrivals_for_a_round(strategy: strategies.Strategy, state: Any, fed: Any,
     client = i % fed.num_clients
     probe, start, aux = strategy.dispatch(probe, client)
     end = jax.tree.map(lambda p, k=i: p + 1e-3 * jax.random.normal(jax.random.key(k), p.shape, p.dtype), start)
-    job = strategies.ClientJob(client, fed.x_train, fed.y_train, fed.client_indices[client],
-                               int(fed.client_sizes[client]), aux)
+    job = strategies.ClientJob(client, local.ClientData(fed.x_train, fed.y_train, fed.client_indices[client], None,
+                                                        np.int32(fed.client_sizes[client])), aux)
     payload = strategy.client.payload(start, end, job) if strategy.client.payload is not None else ()
     arrivals.append(strategies.Arrival(
         client=client, num_samples=int(fed.client_sizes[client]), staleness=i % 3, dispatch_round=0,

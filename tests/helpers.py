@@ -52,11 +52,12 @@ def _tiny_sweep(methods=("fedbuff", "fedasync", "fedpsa")):
 
 
 def strategy_context(model, params, *, num_clients: int = 6, sizes=None, concurrency: int = 3, num_classes: int = 3,
-                     seed: int = 0, train_batch=None, input_shape=None):
+                     seed: int = 0, train_batch=None, input_shape=None, model_name: str = "tiny_mlp", runtime=None):
   """A `StrategyContext` for unit tests of a strategy without a run: `model` (a Flax module) and its
   `params`, client sizes 10, 20, ... by default, and as the 'train' split `train_batch` (x, y) — the batch
   `ctx.sample('train', ...)` returns whole (FedPSA's real calibration batch; set
-  `fedpsa.calibration='real'` and `calibration_size=len(y)`)."""
+  `fedpsa.calibration='real'` and `calibration_size=len(y)`). `model_name`: the model's config name (the
+  tests' TinyMLP by default); `runtime`: a run config's `runtime` section (its defaults by default)."""
   import jax
   import numpy as np
 
@@ -73,7 +74,8 @@ def strategy_context(model, params, *, num_clients: int = 6, sizes=None, concurr
   return StrategyContext(apply_fn=model.apply, params_shape=jax.eval_shape(lambda: params), num_clients=num_clients,
                          client_sizes=sizes, concurrency=concurrency, num_classes=num_classes,
                          input_shape=input_shape or (), seed=seed, sample=sample,
-                         split_sizes={"train": 0 if train_batch is None else len(train_batch[1])})
+                         split_sizes={"train": 0 if train_batch is None else len(train_batch[1])},
+                         model_name=model_name, **({} if runtime is None else {"runtime": runtime}))
 
 
 # --- the strategies' unit tests: a TinyMLP, its context and hand-made arrivals ------------------------------
@@ -93,9 +95,9 @@ MODEL = TinyMLP(num_classes=NUM_CLASSES, hidden=HIDDEN)
 PARAMS0 = MODEL.init(jax.random.key(3), jnp.zeros((1, 4), jnp.float32))
 
 
-def _ctx(num_clients=6, sizes=None, concurrency=3, seed=0):
+def _ctx(num_clients=6, sizes=None, concurrency=3, seed=0, runtime=None):
   return strategy_context(MODEL, PARAMS0, num_clients=num_clients, sizes=sizes, concurrency=concurrency,
-                          num_classes=NUM_CLASSES, seed=seed, train_batch=_calibration())
+                          num_classes=NUM_CLASSES, seed=seed, train_batch=_calibration(), runtime=runtime)
 
 
 def _np_tree(tree):
@@ -153,9 +155,9 @@ def _readings_ctx():
 
 
 # The baselines' (CA2FL, FedFa, FedPAC) context and config: four clients, no calibration batch.
-def baseline_ctx(num_clients=4, sizes=None):
+def baseline_ctx(num_clients=4, sizes=None, model_name="tiny_mlp"):
   return strategy_context(MODEL, PARAMS0, num_clients=num_clients, sizes=sizes, concurrency=2,
-                          num_classes=NUM_CLASSES)
+                          num_classes=NUM_CLASSES, model_name=model_name)
 
 
 def baseline_cfg(method, num_clients=4, **section):

@@ -123,6 +123,42 @@ def test_run_and_simulate_of_something_else_than_a_config_name_config_from(wrong
   assert not os.path.exists(tmp_path / "run")
 
 
+def test_run_and_simulate_of_a_sweep_config_say_so_in_one_line(tmp_path):
+  sweep_config = fj.config_from("configs/paper/table1.py:smoke")
+  for entry in (fj.run, fj.simulate):
+    with pytest.raises(api.config_lib.ConfigError) as err:
+      entry(sweep_config, str(tmp_path / "run"), progress=False)
+    assert str(err.value).startswith(f"{entry.__name__}(config=...) got the sweep config 'table1-smoke' "
+                                     "(name, base, axes, seeds), not one run's; allowed: ")
+    assert "\n" not in str(err.value)
+  assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("config.json", '{"method": "fedbuff"}', "not a .py file"),
+    ("config.yaml", "method: fedbuff\n", "not a .py file"),
+    ("no_function.py", "x = 1\n", "no get_config(arg) function"),
+    ("not_a_dict.py", "def get_config(arg=None):\n  return 3\n", "get_config() returned int"),
+])
+def test_config_from_a_file_that_is_no_config_file_says_so_in_one_line(tmp_path, name, text, message):
+  path = tmp_path / name
+  path.write_text(text)
+  with pytest.raises(api.config_lib.ConfigError) as err:
+    fj.config_from(str(path))
+  assert str(err.value).startswith(f"config file {str(path)!r}: {message}; ") and "\n" not in str(err.value)
+  assert str(err.value).endswith("allowed: a Python config file (.py) that defines get_config(arg) returning a "
+                                 "ConfigDict")
+
+
+def test_an_error_a_config_file_raises_comes_through_as_raised(tmp_path):
+  """The loader is ml_collections' (launch.py's --config), which rewraps a file's ValueError with its traceback
+  as the message; the API gives back the file's own error."""
+  path = tmp_path / "raises.py"
+  path.write_text("def get_config(arg=None):\n  raise ValueError(f'arg={arg!r} is bad')\n")
+  with pytest.raises(ValueError, match=r"^arg='x' is bad$"):
+    fj.config_from(f"{path}:x")
+
+
 def test_load_run_round_trips(runs, tmp_path):
   fedpsa, _ = runs
   loaded = fj.load_run(fedpsa.workdir)

@@ -6,13 +6,14 @@ w/o T and w/o T&S at Temp = 1 and Temp = δ, each member's Temp reaching the str
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 
 import pytest
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import api, sweep
+from fedpsa_jax import sweep
 from fedpsa_jax.strategies import fedpsa as fedpsa_lib
 from fedpsa_lab import paper
 from helpers import _readings_ctx, DELTA, GAMMA, K_SKETCH, PARAMS_KEY0, ROOT
@@ -29,7 +30,7 @@ INTENDED = {"no_t": (True, False, 5.5), "no_t-T1": (True, False, 1.0), "no_t-Tde
 
 
 def _table6(arg: str = ""):
-  return api._load_config_file(os.path.join(ROOT, "configs", "paper", "table6.py") + (f":{arg}" if arg else ""))
+  return config_lib.load_file(os.path.join(ROOT, "configs", "paper", "table6.py") + (f":{arg}" if arg else ""))
 
 
 def _check_members(members, variants):
@@ -75,7 +76,8 @@ def test_table6_temperature_reaches_the_strategy():
       continue
     m.config.fedpsa.sketch_dim = K_SKETCH
     m.config.fedpsa.calibration, m.config.fedpsa.calibration_size = "real", 8  # _readings_ctx's batch
-    state = fedpsa_lib.FedPSA(m.config, _readings_ctx()).init(PARAMS_KEY0)
+    ctx = dataclasses.replace(_readings_ctx(), model_name=m.config.model.name, runtime=m.config.runtime)
+    state = fedpsa_lib.FedPSA(m.config.fedpsa, ctx).init(PARAMS_KEY0)
     assert float(state.temperature) == pytest.approx(INTENDED[m.labels["variant"]][2], rel=1e-6), m.name
 
 
@@ -104,7 +106,7 @@ EXPECTED_SMOKE = {**EXPECTED_MEMBERS, "fig4": 2 * 2 + 2 * 2}
 
 
 def _load(name: str, arg: str = ""):
-  return api._load_config_file(os.path.join(ROOT, "configs", "paper", f"{name}.py") + (f":{arg}" if arg else ""))
+  return config_lib.load_file(os.path.join(ROOT, "configs", "paper", f"{name}.py") + (f":{arg}" if arg else ""))
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_MEMBERS))

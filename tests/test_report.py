@@ -21,7 +21,7 @@ import pytest
 import scipy.stats
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import api, io, sweep
+from fedpsa_jax import io, sweep
 from fedpsa_jax.models import get_model
 from fedpsa_jax.sim import runner
 from fedpsa_jax.strategies.fedpsa import make_alignment_fn
@@ -251,7 +251,7 @@ def _report_files(workdir: str, written: list[str]) -> list[str]:
 
 def api_config(spec: str):
   """A config file of the repository (path relative to its root) as launch.py loads it."""
-  return api._load_config_file(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), spec))
+  return config_lib.load_file(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), spec))
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedpsa_jax import api, io, run_identity, sweep
+from fedpsa_jax import io, run_identity, sweep
 from fedpsa_jax import config as config_lib
 from fedpsa_jax.strategies import fedpsa as fedpsa_lib
 from helpers import ROOT
@@ -17,7 +17,7 @@ from helpers import ROOT
 
 def _members(name: str, arg: str = "") -> dict[str, sweep.Member]:
   path = os.path.join(ROOT, "configs", "results", f"{name}.py") + (f":{arg}" if arg else "")
-  return {m.name: m for m in sweep.expand(api._load_config_file(path))}
+  return {m.name: m for m in sweep.expand(config_lib.load_file(path))}
 
 
 def test_fedpsa_parts_pairs_fedbuff_fedpsa_and_the_uniform_buffer_on_r1s_runs():
@@ -42,7 +42,7 @@ def test_fedpsa_parts_pairs_fedbuff_fedpsa_and_the_uniform_buffer_on_r1s_runs():
     assert weights.tobytes() == np.asarray(fedpsa_lib.flush_weights(kappas, jnp.float32(temp), jnp.bool_(False))).tobytes()
     assert np.all(weights == np.float32(1 / b))
   # The report pairs each method with the uniform buffer.
-  layout = api._load_config_file(os.path.join(ROOT, "configs", "results", "fedpsa_parts.py")).report
+  layout = config_lib.load_file(os.path.join(ROOT, "configs", "results", "fedpsa_parts.py")).report
   assert dict(layout.reference) == {"method": "fedpsa_uniform"} and list(layout.rows) == ["method"]
 
 
@@ -67,7 +67,7 @@ def test_shape_step_arms_differ_from_fedbuff_or_fedpsa_by_their_documented_field
 
 def test_declared_contrasts_are_differences_of_arms_the_sweep_has():
   for name in ("shape_step", "horizon"):
-    c = api._load_config_file(os.path.join(ROOT, "configs", "results", f"{name}.py"))
+    c = config_lib.load_file(os.path.join(ROOT, "configs", "results", f"{name}.py"))
     arms = {label for label, _ in dict(c.axes)[c.analysis.axis]}
     assert c.analysis.unit == "seed" and c.analysis.primary == "tail_test_accuracy"
     for label, weights in c.analysis.contrasts:
@@ -88,6 +88,6 @@ def test_the_recorded_sweeps_ran_the_plan_the_configs_declare():
   # the same plan and the same members, or the page would read a plan the runs were not declared under.
   for name in ("shape_step", "horizon"):
     saved = sweep.read_sweep_json(os.path.join(ROOT, "results", name))
-    c = api._load_config_file(os.path.join(ROOT, "configs", "results", f"{name}.py"))
+    c = config_lib.load_file(os.path.join(ROOT, "configs", "results", f"{name}.py"))
     assert io.config_json(c)["analysis"] == saved["sweep"]["analysis"], name
     assert [m.name for m in sweep.expand(c)] == [m["name"] for m in saved["members"]], name

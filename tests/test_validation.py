@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from fedpsa_jax import api, choices, sweep
+from fedpsa_jax import choices, sweep
 from fedpsa_jax import config as config_lib
 from fedpsa_jax.validation import (MISSING, boolean, error, field_errors, get_field, integer, number, one_of,
                                    sequence_of)
@@ -24,7 +24,7 @@ SWEEP_CONFIGS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(
 
 
 def _load(spec: str):
-  return api._load_config_file(os.path.join(ROOT, spec))
+  return config_lib.load_file(os.path.join(ROOT, spec))
 
 
 # --- validators ------------------------------------------------------------------------------------------

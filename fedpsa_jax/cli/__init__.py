@@ -52,23 +52,13 @@ def exit_code_for_signal(signum: int) -> int:
 # --- messages ----------------------------------------------------------------------------------------
 
 
-def exception_chain(err: BaseException) -> list[BaseException]:
-  """`err` and the exceptions it was raised from or while handling, outermost first."""
-  out, seen = [], set()
-  while err is not None and id(err) not in seen:
-    seen.add(id(err))
-    out.append(err)
-    err = err.__cause__ or err.__context__
-  return out
-
-
 def innermost_message(err: BaseException) -> str:
   """The message a user needs from an error raised through library layers (absl's flag parser and
   ml_collections' config loader re-raise what a config file raised, adding a traceback as text): the
   innermost `UserError`'s message if there is one, else the innermost error as 'Type: message', with
   the file and line where it was raised when that is not the project's or a library's code (a config
   file's own bug)."""
-  chain = exception_chain(err)
+  chain = list(errors.exception_chain(err))  # outermost first
   for inner in reversed(chain):
     if isinstance(inner, errors.UserError):
       return _one_message(inner)

@@ -23,8 +23,17 @@ from fedpsa_jax import config as config_lib
 from fedpsa_jax.validation import MISSING, get_field
 
 DEFAULT_CONFIG = "configs/default.py"
-_PAPER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs",
-                          "paper")
+_REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_PAPER_DIR = os.path.join(_REPOSITORY, "configs", "paper")
+
+
+def default_config() -> str:
+  """The config file launch.py runs without `--config`: DEFAULT_CONFIG from the working directory, or the
+  repository's own when launch.py is started from elsewhere (a path as the user would type it either way)."""
+  if os.path.isfile(DEFAULT_CONFIG):
+    return DEFAULT_CONFIG
+  own = os.path.join(_REPOSITORY, DEFAULT_CONFIG)
+  return own if os.path.isfile(own) else DEFAULT_CONFIG
 
 
 def _config_spec(argv: list[str]) -> str | None:
@@ -124,7 +133,7 @@ def _paper_configs() -> list[str]:
 
 def _flags_error_message(err: BaseException, argv: list[str], spec: str) -> str:
   """One line for an error raised while the flags and the config file were parsed (see `parse_flags`)."""
-  chain = cli.exception_chain(err)
+  chain = list(errors.exception_chain(err))  # outermost first
   if isinstance(chain[-1], (AttributeError, KeyError)):
     unknown = _unknown_override(argv, spec)
     if unknown:
@@ -156,7 +165,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   if spec == "":
     _refuse(f"--config= is empty; allowed: a config file such as {DEFAULT_CONFIG}[:arg] (without --config: "
             f"{DEFAULT_CONFIG})")
-  spec = spec or DEFAULT_CONFIG
+  spec = spec or default_config()
   # The config file first: ml_collections refuses a `--config.<field>` given before it, but the overrides
   # apply to the file wherever it is named.
   argv = [argv[0], f"--config={spec}", *_without_config(argv[1:])]

@@ -2,7 +2,8 @@
 
 - `schema`: every field with its meaning and default (`base_config()`; `runtime`, the result-neutral knobs);
 - `rules`: validation (`validate`, `config_errors`; `validate_data` once the dataset is loaded);
-- `fields`: what a user types: `set_fields(c, {dotted: value})` and a config file's `:arg` (`parse_arg`).
+- `fields`: what a user types: a config file (`load_file`), `set_fields(c, {dotted: value})` and a config
+  file's `:arg` (`parse_arg`).
 
 A run's identity (what must match to resume a run or skip a finished sweep member) is beside the run-directory
 code, in `fedpsa_jax/run_identity.py`. This package needs only the standard library, ml_collections and the
@@ -11,7 +12,7 @@ a config is built or validated, not on import, so `io`, `sweep` and `report` imp
 """
 
 from fedpsa_jax.config.fields import (MOVED_FIELDS, OVERRIDE_ALIASES, REMOVED_FIELDS, data_path_replaces_name,
-                                     parse_arg, set_fields, unknown_field)
+                                     load_file, parse_arg, set_fields, unknown_field)
 from fedpsa_jax.config.rules import FIELD_RULES, DataSizes, config_errors, data_errors, validate, validate_data
 from fedpsa_jax.config.schema import (MAX_DAYS, RUNTIME_SECTION, SHARED_SECTIONS, UNITS_PER_DAY, base_config,
                                       budget_units, concurrency, eval_every_units, runtime_config)
@@ -20,5 +21,5 @@ from fedpsa_jax.validation import INT64_MAX
 
 __all__ = ["ConfigError", "DataSizes", "FIELD_RULES", "INT64_MAX", "MAX_DAYS", "MOVED_FIELDS", "OVERRIDE_ALIASES",
            "REMOVED_FIELDS", "RUNTIME_SECTION", "SHARED_SECTIONS", "UNITS_PER_DAY", "base_config", "budget_units",
-           "concurrency", "config_errors", "data_errors", "data_path_replaces_name", "eval_every_units", "parse_arg",
-           "runtime_config", "set_fields", "unknown_field", "validate", "validate_data"]
+           "concurrency", "config_errors", "data_errors", "data_path_replaces_name", "eval_every_units", "load_file",
+           "parse_arg", "runtime_config", "set_fields", "unknown_field", "validate", "validate_data"]

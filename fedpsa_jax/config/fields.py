@@ -1,15 +1,19 @@
-"""What a user types into a config: dotted fields set by name (`set_fields`) and a config file's `:arg`
-(`parse_arg`). The notebook API, the command line's `--config.<field>=` flags and sweep axes all come here,
-so an unknown field, or one that has moved, gets the same one-line error everywhere.
+"""What a user types into a config: a config file (`load_file`), dotted fields set by name (`set_fields`) and a
+config file's `:arg` (`parse_arg`). The notebook API, the command line's `--config.<field>=` flags and sweep
+axes all come here, so an unknown field, or one that has moved, gets the same one-line error everywhere.
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
+import os
+import sys
+import warnings
 from typing import Any, Mapping
 
 import ml_collections
+from ml_collections.config_flags import config_flags  # (its ConfigFileFlagParser: what --config uses)
 
 from fedpsa_jax.errors import ConfigError
 from fedpsa_jax.validation import Validator, boolean, integer, number
@@ -33,6 +37,36 @@ REMOVED_FIELDS = {
 OVERRIDE_ALIASES = {"dataset": "data.name", "alpha": "partition.alpha", "model": "model.name",
                     "num_clients": "partition.num_clients", "virtual_days": "sim.virtual_days",
                     "concurrency": "sim.concurrency"}
+
+
+def load_file(spec: str) -> ml_collections.ConfigDict:
+  """'path/to/file.py[:arg]' -> that file's `get_config(arg)`, read by the parser behind launch.py's `--config`
+  (ml_collections' `ConfigFileFlagParser`), so a file means the same in a notebook as on the command line;
+  unlocked, for the caller to change. FileNotFoundError for a missing file; ConfigError naming the file when it
+  is not a Python config file (not `.py`, unreadable, no `get_config`, a result that is no ConfigDict); an error
+  the file itself raises comes through as it was raised."""
+  path = spec.partition(":")[0]
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"config file {path!r} not found")
+  allowed = "allowed: a Python config file (.py) that defines get_config(arg) returning a ConfigDict"
+  if not path.endswith(".py") or not os.access(path, os.R_OK):
+    raise ConfigError(f"config file {path!r}: {'unreadable' if path.endswith('.py') else 'not a .py file'}; {allowed}")
+  # ml_collections loads the file as the module `<name>_config`, reloading over one already there, whose names
+  # (a get_config of the file loaded before) would survive: each load starts from a new module.
+  sys.modules.pop("fedpsa_config_file_config", None)
+  try:
+    with warnings.catch_warnings():  # (its loader's own deprecation, under Python 3.11: nothing a user can act on)
+      warnings.filterwarnings("ignore", "the load_module", DeprecationWarning)
+      config = config_flags.ConfigFileFlagParser("fedpsa_config_file", lock_config=False).parse(spec)
+  except AttributeError as err:
+    if "get_config" not in str(err):
+      raise
+    raise ConfigError(f"config file {path!r}: no get_config(arg) function; {allowed}") from None
+  except (TypeError, ValueError) as err:  # re-raised by ml_collections with a traceback as text: the file's own
+    raise (err.__context__ or err) from None
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ConfigError(f"config file {path!r}: get_config() returned {type(config).__name__}; {allowed}")
+  return config
 
 
 def _leaf_paths(node: Any, prefix: str = "") -> list[str]:

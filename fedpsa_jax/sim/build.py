@@ -131,7 +131,8 @@ def strategy_context(config: ml_collections.ConfigDict, dataset: Dataset, fed: F
       client_sizes=fed.client_sizes, concurrency=config_lib.concurrency(config), num_classes=dataset.num_classes,
       input_shape=tuple(dataset.input_shape), seed=config.seed,
       sample=functools.partial(sample_split, dataset, config.seed),
-      split_sizes={"train": len(dataset.y_train), "test": len(dataset.y_test)})
+      split_sizes={"train": len(dataset.y_train), "test": len(dataset.y_test)}, model_name=config.model.name,
+      runtime=config.runtime)
 
 
 def build_run(config: ml_collections.ConfigDict, compiles: CompileCounter | None = None,
@@ -144,7 +145,8 @@ def build_run(config: ml_collections.ConfigDict, compiles: CompileCounter | None
   init_x = jnp.zeros((1, *dataset.input_shape), jnp.float32)
   # Jitted: one compile for the whole init instead of one per initializer and shape (same values).
   params = jax.jit(model.init)(seeding.device_key(config.seed, "init"), init_x)
-  strategy = strategies.get_strategy(config.method)(config, strategy_context(config, dataset, fed, model, params))
+  strategy = strategies.get_strategy(config.method)(config.get(config.method, ml_collections.ConfigDict()),
+                                                    strategy_context(config, dataset, fed, model, params))
   # Committed to the server's device from the start: jit caches a program per committed/uncommitted
   # input, and every later state (outputs of jitted steps on committed inputs) is committed, so an
   # uncommitted initial state would compile each server function twice.

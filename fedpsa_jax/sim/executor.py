@@ -198,9 +198,9 @@ class ClientExecutor:
 
   def _client_job(self, job: Job) -> strategies.ClientJob:
     client = job.dispatch.client
-    return strategies.ClientJob(client=client, x_all=self.fed.x_train, y_all=self.fed.y_train,
-                                index_row=self.client_rows[client],
-                                num_samples=int(self.fed.client_sizes[client]), aux=job.aux)
+    data = local.ClientData(self.fed.x_train, self.fed.y_train, self.client_rows[client], None,
+                            np.int32(self.fed.client_sizes[client]))
+    return strategies.ClientJob(client=client, data=data, aux=job.aux)
 
   def _finish(self, jobs: Sequence[Job], ends: Sequence[Params]) -> None:
     """Every job's payload and Δ from its trained parameters (loop: one job; vmap/sharded: a batch). Under

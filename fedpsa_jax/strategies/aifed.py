@@ -432,8 +432,8 @@ class AiFed(Strategy):
         ("alpha_round", number()), ("alpha_acc", number()),  # Eq. 9's coefficients: any sign, finite
         ("buffer_size", buffer_size(config))))
 
-  def __init__(self, config, ctx):
-    super().__init__(config, ctx)
+  def __init__(self, hparams, ctx):
+    super().__init__(hparams, ctx)
     h = self.hparams
     self.use_almu = h.variant in ("aifed", "almu")
     self.use_lis = h.variant in ("aifed", "agma", "lis")
@@ -495,7 +495,8 @@ class AiFed(Strategy):
       round_hat = aux["round"]
     else:
       round_hat = aux if not isinstance(aux, tuple) else jnp.int32(0)
-    return self._payload(params_start, params_end, job.x_all, job.y_all, job.index_row, jnp.int32(job.num_samples),
+    data = job.data
+    return self._payload(params_start, params_end, data.x_all, data.y_all, data.index_row, jnp.int32(data.num_samples),
                          round_hat, jax.random.fold_in(self._key, job.client), *rank_args)
 
   # --- server ---------------------------------------------------------------------------------------

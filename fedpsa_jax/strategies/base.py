@@ -2,9 +2,10 @@
 
 A strategy owns the server state and the client-side extras of its method. It never sees the clock,
 the event heap or the dataset; the runner never looks inside its state. Everything it needs is built
-once, in `__init__`, from its config section (`self.hparams`) and the run's `StrategyContext` (the
-model, the parameter shapes, the federation's shape, its seed); after that, its methods are functions
-of their arguments:
+once, in `__init__(hparams, ctx)`, from its config section (`self.hparams`) and the run's
+`StrategyContext` (the model and its name, the parameter shapes, the federation's shape, its seed, the
+`runtime` section), never from the whole run config; after that, its methods are functions of their
+arguments:
 
 - `init(params) -> state`: the server state (a pytree; `flax.struct.dataclass` with host fields marked
   `pytree_node=False`) from the initial global parameters. Pure: nothing is stored on `self`, so a
@@ -42,7 +43,8 @@ import ml_collections
 import numpy as np
 
 from fedpsa_jax import checkpoint
-from fedpsa_jax.local import LocalLoss, Regularizer
+from fedpsa_jax.config.schema import runtime_config
+from fedpsa_jax.local import ClientData, LocalLoss, Regularizer
 from fedpsa_jax.tree_util import tree_bytes
 
 Params = Any
@@ -68,21 +70,22 @@ class StrategyContext:
   # batch and its held-out alignment batch); never a client's data.
   sample: Callable[[str, int, str], tuple[jax.Array, jax.Array]] | None = None
   split_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # {'train': n, 'test': n}
+  model_name: str = ""  # the run's model.name (FedPAC needs one with a feature extractor)
+  # The run's `runtime` section: how to compute, never what (FedPSA's Fisher path and chunk size).
+  runtime: ml_collections.ConfigDict = dataclasses.field(default_factory=runtime_config)
 
 
 @dataclasses.dataclass(frozen=True)
 class ClientJob:
   """What a client holds while it works: its id, its data and the extras the server sent with the job.
 
-  The data is the run's whole training set on device plus this client's padded index row: the client's
-  samples are `x_all[index_row[:num_samples]]` (positions from `num_samples` on are padding).
+  The data (`local.ClientData`, as local training reads it) is the run's whole training set on device plus
+  this client's padded index row: the client's samples are `x_all[index_row[:num_samples]]` (positions from
+  `num_samples` on are padding); its `orders` are None here (the epoch orders are drawn inside the job).
   """
 
   client: int
-  x_all: jax.Array
-  y_all: jax.Array
-  index_row: jax.Array
-  num_samples: int
+  data: ClientData
   aux: Any = ()  # the aux of `dispatch(state, client)`
 
 
@@ -138,9 +141,10 @@ class Strategy:
   dispatch_mode: ClassVar[str] = "async"
   client: ClientSide = ClientSide()  # set in `__init__` by methods with client-side work
 
-  def __init__(self, config: ml_collections.ConfigDict, ctx: StrategyContext):
-    """`config` is the run config; a strategy keeps its own section, `config[name]`, as `hparams`."""
-    self.hparams = config.get(self.name, ml_collections.ConfigDict())
+  def __init__(self, hparams: ml_collections.ConfigDict, ctx: StrategyContext):
+    """`hparams`: this method's own config section (`config[name]`, see `default_config`); `ctx`: what it may
+    know of the run. Never the whole run config: what a method needs beyond its section is in `ctx`."""
+    self.hparams = hparams
     self.ctx = ctx
 
   @classmethod

@@ -326,8 +326,8 @@ class CASA(Strategy):
         ("similarity", one_of(SIMILARITIES)), ("plus", boolean), ("no_clustering", boolean), ("no_decay", boolean),
         ("sparsity_s0", number(ge=0, le=2)), ("sparsity_rounds", integer(ge=1)), ("fixed_alpha", number(gt=0, le=1))))
 
-  def __init__(self, config, ctx):
-    super().__init__(config, ctx)
+  def __init__(self, hparams, ctx):
+    super().__init__(hparams, ctx)
     # One k-means seed for the run, from its own stream (changing it shifts no other randomness).
     self.kmeans_seed = int(seeding.host_rng(ctx.seed, "casa_clustering").integers(2**31 - 1))
 

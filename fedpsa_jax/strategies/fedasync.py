@@ -90,8 +90,8 @@ class FedAsync(Strategy):
         ("staleness", one_of(STALENESS_FUNCTIONS)), ("alpha", number(gt=0, le=1)), ("prox_mu", number(ge=0)),
         ("a", number(ge=0)), ("hinge_a", number(ge=0)), ("hinge_b", number(ge=0))))
 
-  def __init__(self, config, ctx):
-    super().__init__(config, ctx)
+  def __init__(self, hparams, ctx):
+    super().__init__(hparams, ctx)
     # Built once: the local trainer is a static jit argument, so one regulariser object means one compile.
     self.client = ClientSide(regularizer=local.proximal_term(self.hparams.prox_mu) if self.hparams.prox_mu > 0
                              else None)

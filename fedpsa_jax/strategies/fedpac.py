@@ -266,10 +266,10 @@ class FedPAC(Strategy):
                     f"{', '.join(models.FEATURE_MODELS)} ({NO_EXTRACTOR})")
     return errors
 
-  def __init__(self, config, ctx):
-    super().__init__(config, ctx)
-    if config.model.name not in models.FEATURE_MODELS:
-      raise ValueError(f"model.name={config.model.name!r} is invalid for method=fedpac: {NO_EXTRACTOR}")
+  def __init__(self, hparams, ctx):
+    super().__init__(hparams, ctx)
+    if ctx.model_name not in models.FEATURE_MODELS:
+      raise ValueError(f"model.name={ctx.model_name!r} is invalid for method=fedpac: {NO_EXTRACTOR}")
     self._statistics = jax.jit(functools.partial(
         client_statistics, ctx.apply_fn, num_classes=ctx.num_classes,
         batch_size=int(self.hparams.stats_batch_size)))
@@ -294,8 +294,9 @@ class FedPAC(Strategy):
 
   def _client_payload(self, params_start: Params, params_end: Params, job: ClientJob) -> dict[str, jax.Array]:
     """The client's feature statistics and class prototypes (computed on the client's device)."""
-    return self._statistics(params_start, params_end, job.x_all, job.y_all, job.index_row,
-                            jnp.int32(job.num_samples))
+    data = job.data
+    return self._statistics(params_start, params_end, data.x_all, data.y_all, data.index_row,
+                            jnp.int32(data.num_samples))
 
   def receive(self, state: FedPACState, arrivals: Sequence[Arrival]) -> tuple[FedPACState, bool]:
     layer = self._layer

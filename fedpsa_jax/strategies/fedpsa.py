@@ -293,11 +293,11 @@ class FedPSA(Strategy):
       errors.append(f"fedpsa.delta={c.delta!r} is invalid; allowed: gamma + delta > 0 (Temp must be positive)")
     return errors
 
-  def __init__(self, config, ctx):
-    super().__init__(config, ctx)
-    h, runtime = self.hparams, config.runtime
+  def __init__(self, hparams, ctx):
+    super().__init__(hparams, ctx)
+    h, runtime = self.hparams, ctx.runtime
     errors = bound_errors(h, sensitivity.num_params(ctx.params_shape), ctx.split_sizes.get("train", 0),
-                          model=config.model.name)
+                          model=ctx.model_name)
     if errors:  # (before R is drawn: that could be the allocation that fails)
       raise ConfigError("invalid config for this model and data:\n  " + "\n  ".join(errors))
     # R (Eq. 11) in per-leaf blocks (`sensitivity.projection`) and D_b, made once as device arrays and passed to

@@ -4,6 +4,7 @@ info line unless --verbose asks for them.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -28,3 +29,14 @@ def test_the_console_of_a_run_is_the_bar_and_the_result_lines(tmp_path):
                            capture_output=True, text=True, timeout=300)
   assert verbose.returncode == 0 and any(line[:1] == "I" and line[1:5].isdigit()
                                          for line in verbose.stderr.splitlines()), verbose.stderr
+
+
+def test_launch_started_outside_the_repository_finds_its_default_config(tmp_path):
+  """From another working directory, launch.py without --config reads the repository's configs/default.py
+  (not a 'no such file' for the relative path): the report mode then asks only for its workdir."""
+  done = subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), "--mode=report"], cwd=tmp_path,
+                        capture_output=True, text=True, timeout=300)
+  assert (done.returncode, done.stderr.splitlines()) == (2, [
+      "--workdir is required for --mode=report; allowed: a sweep directory (with sweep.json) or a run directory "
+      "(with metrics.jsonl)"])
+  assert os.listdir(tmp_path) == []  # and it wrote nothing there

@@ -7,6 +7,7 @@ tests/e2e/test_aifed_runs.py).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -19,6 +20,7 @@ import scipy.stats
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import seeding
 from fedpsa_jax.models import TinyMLP
+from fedpsa_jax.local import ClientData
 from fedpsa_jax.strategies import Arrival, ClientJob, aifed
 from fedpsa_jax.strategies.aifed import AiFed
 from helpers import strategy_context
@@ -54,7 +56,7 @@ def _cfg(num_clients=6, **section):
 
 
 def _strategy(**section):
-  strategy = AiFed(_cfg(**section), _ctx())
+  strategy = AiFed(_cfg(**section).aifed, _ctx())
   return strategy, strategy.init(PARAMS0)
 
 
@@ -172,7 +174,7 @@ def test_upload_mask_follows_rc_against_the_threshold_on_a_hand_made_client():
   a_r = math.log(0.9 / 0.1) / 4  # AT = 0.9 at r̂ = 4 when δ_acc contributes nothing (α_acc = 0)
   strategy, state = _strategy(alpha_round=a_r, alpha_acc=0.0, accuracy_data="local", stimuli_per_class=4,
                               num_pairs=12)
-  job = ClientJob(client=3, x_all=x_all, y_all=y_all, index_row=row, num_samples=n, aux=jnp.int32(4))
+  job = ClientJob(client=3, data=ClientData(x_all, y_all, row, None, n), aux=jnp.int32(4))
   payload = jax.device_get(strategy.client.payload(start, end, job))
   # The same stimuli and pairs as the client (same key), representations and rc recomputed by hand.
   key = jax.random.fold_in(strategy._key, 3)
@@ -203,7 +205,7 @@ def test_threshold_uses_delta_acc_and_variants_without_almu_send_everything():
   rng = np.random.default_rng(6)
   x_all, y_all, row, n = _client_data(rng)
   end = _random_like(PARAMS0, rng)
-  job = ClientJob(client=1, x_all=x_all, y_all=y_all, index_row=row, num_samples=n, aux=jnp.int32(2))
+  job = ClientJob(client=1, data=ClientData(x_all, y_all, row, None, n), aux=jnp.int32(2))
   strategy, _ = _strategy(alpha_round=0.4, alpha_acc=-3.0, accuracy_data="local")
   payload = jax.device_get(strategy.client.payload(PARAMS0, end, job))
   local = payload["local"]
@@ -233,7 +235,7 @@ def test_client_payload_vmaps_over_a_leading_client_axis():
   batched = jax.vmap(strategy._payload, in_axes=(None, 0, None, None, 0, 0, 0, 0))(
       PARAMS0, stacked, x_all, y_all, rows, sizes, rounds, keys)
   for c in range(3):
-    job = ClientJob(client=c, x_all=x_all, y_all=y_all, index_row=rows[c], num_samples=int(sizes[c]), aux=rounds[c])
+    job = ClientJob(client=c, data=ClientData(x_all, y_all, rows[c], None, int(sizes[c])), aux=rounds[c])
     single = strategy.client.payload(PARAMS0, ends[c], job)
     # vmapped and single programs sum in other orders: representations of the 30-sample rows, then r².
     assert_close(jax.tree.map(lambda b: b[c], batched), single, f32_tolerance(30 * 16, depth=2))
@@ -296,7 +298,7 @@ def _rank_job(rng, client=2, reports=9, window_rows=3):
   x_all, y_all, row, n = _client_data(rng)
   window = jnp.asarray(rng.uniform(size=(window_rows, 2)), jnp.float32)
   aux = {"round": jnp.int32(3), "rc_window": window, "reports": jnp.int32(reports)}
-  return ClientJob(client=client, x_all=x_all, y_all=y_all, index_row=row, num_samples=n, aux=aux)
+  return ClientJob(client=client, data=ClientData(x_all, y_all, row, None, n), aux=aux)
 
 
 @pytest.mark.slow
@@ -335,8 +337,7 @@ def test_rank_coin_flips_differ_between_updates_and_leave_the_stimuli_alone():
   masks, rcs = [], []
   for reports in range(1, 41):
     job = _rank_job(np.random.default_rng(13), reports=reports, window_rows=1)
-    job = ClientJob(client=job.client, x_all=job.x_all, y_all=job.y_all, index_row=job.index_row,
-                    num_samples=job.num_samples, aux={**job.aux, "rc_window": window})
+    job = dataclasses.replace(job, aux={**job.aux, "rc_window": window})
     payload = jax.device_get(strategy.client.payload(PARAMS0, end, job))
     masks.append(payload["sent"]["mask"])
     rcs.append(payload["local"]["rc"])
@@ -344,8 +345,7 @@ def test_rank_coin_flips_differ_between_updates_and_leave_the_stimuli_alone():
   assert 10 < np.asarray(masks).sum() < 70  # 80 fair coins, not one repeated draw
   consistent, _ = _strategy()
   job = _rank_job(np.random.default_rng(13))
-  plain = ClientJob(client=job.client, x_all=job.x_all, y_all=job.y_all, index_row=job.index_row,
-                    num_samples=job.num_samples, aux=jnp.int32(3))
+  plain = dataclasses.replace(job, aux=jnp.int32(3))
   np.testing.assert_array_equal(consistent.client.payload(PARAMS0, end, plain)["local"]["rc"], rcs[0])
 
 
@@ -371,7 +371,7 @@ def test_rank_server_keeps_the_last_reports_and_sends_them_at_dispatch():
   # The threshold readings keep their state, dispatch and payload as they were: no window, no report.
   plain, plain_state = _strategy()
   x_all, y_all, row, n = _client_data(rng)
-  job = ClientJob(client=0, x_all=x_all, y_all=y_all, index_row=row, num_samples=n, aux=jnp.int32(0))
+  job = ClientJob(client=0, data=ClientData(x_all, y_all, row, None, n), aux=jnp.int32(0))
   assert plain_state.rc_window is None and int(plain.dispatch(plain_state, 0)[2]) == 0
   assert "rc" not in plain.client.payload(PARAMS0, PARAMS0, job)["sent"]
 

@@ -18,7 +18,7 @@ from helpers import (_add, _arrival, _close, _np_tree as _np, _random_like, base
 def test_ca2fl_caches_and_calibrated_update_by_hand():
   """N = 4, K = 2, η = 0.5 over four rounds, the last two with repeat clients and a same-time pair."""
   eta, n = 0.5, 4
-  strategy = CA2FL(_cfg("ca2fl", buffer_size=2, server_lr=eta), _ctx(num_clients=n))
+  strategy = CA2FL(_cfg("ca2fl", buffer_size=2, server_lr=eta).ca2fl, _ctx(num_clients=n))
   state = strategy.init(PARAMS0)
   rng = np.random.default_rng(0)
   d = {name: _random_like(PARAMS0, rng, 0.1) for name in "abcdefgh"}

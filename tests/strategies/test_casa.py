@@ -174,7 +174,7 @@ def _strategy(n=6, **section):
     cfg.casa[k] = v
   assert config_lib.config_errors(cfg) == []
   ctx = strategy_context(MODEL, PARAMS0, num_clients=n, concurrency=2)
-  return casa.CASA(cfg, ctx)
+  return casa.CASA(cfg.casa, ctx)
 
 
 def _delta(rng, scale=0.1):

@@ -37,7 +37,7 @@ def _fedasync(kind="polynomial", alpha=0.6, a=0.5, b=4, mu=0.005):
   cfg.fedasync.a = a  # the polynomial's exponent
   cfg.fedasync.hinge_a, cfg.fedasync.hinge_b = a, b  # the hinge's own a and b (_hand_s uses the same pair)
   cfg.fedasync.prox_mu = mu
-  strategy = FedAsync(cfg, _ctx())
+  strategy = FedAsync(cfg.fedasync, _ctx())
   return strategy, strategy.init(TINY)
 
 
@@ -189,7 +189,7 @@ BY_HAND = [("hinge", 0, 1.0), ("hinge", 4, 1.0), ("hinge", 5, 1 / 11), ("hinge",
 
 @pytest.mark.parametrize("staleness,tau,s", BY_HAND)
 def test_default_staleness_weight_by_hand_through_the_mix(staleness, tau, s):
-  strategy = FedAsync(_hinge_config(staleness), _hinge_ctx())
+  strategy = FedAsync(_hinge_config(staleness).fedasync, _hinge_ctx())
   rng = np.random.default_rng(tau)
   w = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32), PARAMS_KEY0)
   start = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32), PARAMS_KEY0)

@@ -18,7 +18,7 @@ from helpers import _arrival, _close, _ctx, _np_tree, _tiny_delta, TINY
 def test_fedavg_waits_for_cohort_then_size_weighted_average():
   cfg = config_lib.base_config()
   cfg.method = "fedavg"
-  strategy = FedAvg(cfg, _ctx(num_clients=6, concurrency=3))
+  strategy = FedAvg(cfg.fedavg, _ctx(num_clients=6, concurrency=3))
   assert strategy.dispatch_mode == "sync"
   state = strategy.init(TINY)
   rng = np.random.default_rng(0)
@@ -43,7 +43,7 @@ def test_fedavg_waits_for_cohort_then_size_weighted_average():
 def test_fedavg_one_at_a_time():
   cfg = config_lib.base_config()
   cfg.method = "fedavg"
-  strategy = FedAvg(cfg, _ctx(num_clients=6, concurrency=4))
+  strategy = FedAvg(cfg.fedavg, _ctx(num_clients=6, concurrency=4))
   state = strategy.init(TINY)
   rng = np.random.default_rng(1)
   sizes = [7, 1, 3, 9]

@@ -19,7 +19,7 @@ def _fedbuff(k=3, server_lr=0.7):
   cfg.method = "fedbuff"
   cfg.fedbuff.buffer_size = k
   cfg.fedbuff.server_lr = server_lr
-  strategy = FedBuff(cfg, _ctx())
+  strategy = FedBuff(cfg.fedbuff, _ctx())
   return strategy, strategy.init(TINY)
 
 
@@ -64,7 +64,7 @@ def _fedbuff_arm(weighting, step, k=3, server_lr=0.7):
   cfg = config_lib.base_config()
   cfg.method = "fedbuff"
   cfg.fedbuff.update(buffer_size=k, server_lr=server_lr, weighting=weighting, step=step)
-  strategy = FedBuff(cfg, _ctx())
+  strategy = FedBuff(cfg.fedbuff, _ctx())
   return strategy, strategy.init(TINY)
 
 

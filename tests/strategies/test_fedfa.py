@@ -18,7 +18,7 @@ from helpers import (_add, _arrival, _close, _np_tree as _np, _random_like, base
 
 def test_fedfa_window_unchanged_until_full_then_mean_of_latest_k():
   k = 3
-  strategy = FedFa(_cfg("fedfa", window_size=k), _ctx())
+  strategy = FedFa(_cfg("fedfa", window_size=k).fedfa, _ctx())
   state = strategy.init(PARAMS0)
   rng = np.random.default_rng(1)
   w0 = _np(PARAMS0)

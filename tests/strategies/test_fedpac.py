@@ -14,6 +14,7 @@ import pytest
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import local
+from fedpsa_jax.local import ClientData
 from fedpsa_jax.strategies import ClientJob
 from fedpsa_jax.strategies.fedpac import FedPAC, alignment_loss, collaboration_weights, solve_simplex_qp
 from helpers import (_add, _arrival, _close, _np_tree as _np, _random_like, AGGREGATION_TOL, baseline_cfg as _cfg,
@@ -90,7 +91,7 @@ def _features(params, x):
 
 
 def test_fedpac_client_statistics_by_hand():
-  strategy = FedPAC(_cfg("fedpac", buffer_size=2, stats_batch_size=4), _ctx())
+  strategy = FedPAC(_cfg("fedpac", buffer_size=2, stats_batch_size=4).fedpac, _ctx())
   strategy.init(PARAMS0)
   rng = np.random.default_rng(4)
   x_all = rng.normal(size=(30, 4)).astype(np.float32)
@@ -98,8 +99,7 @@ def test_fedpac_client_statistics_by_hand():
   n = 7  # 7 real samples in a row padded to 10 (chunks of 4: 4 + 3 real + 3 padding)
   row = np.concatenate([rng.permutation(30)[:n], np.zeros(3, int)]).astype(np.int32)
   start, end = PARAMS0, _add(_np(PARAMS0), _np(_random_like(PARAMS0, rng, 0.3)))
-  job = ClientJob(client=0, x_all=jnp.asarray(x_all), y_all=jnp.asarray(y_all), index_row=jnp.asarray(row),
-                  num_samples=n)
+  job = ClientJob(client=0, data=ClientData(jnp.asarray(x_all), jnp.asarray(y_all), jnp.asarray(row), None, n))
   got = jax.device_get(strategy.client.payload(start, jax.tree.map(jnp.asarray, end), job))
   x, y = x_all[row[:n]], y_all[row[:n]]
   f0, f1 = _features(start, x), _features(end, x)
@@ -161,7 +161,7 @@ def _fedpac_payload(rng, counts):
 def test_fedpac_flush_by_hand():
   """Extractor, prototypes, personalised classifiers and the evaluated classifier over two flushes."""
   sizes = np.array([10, 30, 20, 40])
-  strategy = FedPAC(_cfg("fedpac", buffer_size=3), _ctx(num_clients=4, sizes=sizes))
+  strategy = FedPAC(_cfg("fedpac", buffer_size=3).fedpac, _ctx(num_clients=4, sizes=sizes))
   state = strategy.init(PARAMS0)
   rng = np.random.default_rng(6)
   w = _np(PARAMS0)
@@ -225,7 +225,7 @@ def test_fedpac_rejects_the_linear_model():
   with pytest.raises(ValueError, match="model.name='linear'.*FedPAC needs a feature extractor"):
     config_lib.validate(cfg)
   with pytest.raises(ValueError, match="the linear model has none, as in the paper"):
-    FedPAC(cfg, _ctx())
+    FedPAC(cfg.fedpac, _ctx(model_name=cfg.model.name))
   for name in ("mnist_cnn", "cifar_cnn", "tiny_mlp"):
     cfg.model.name = name
     assert config_lib.config_errors(cfg) == []

@@ -71,7 +71,7 @@ def _fedpsa(buffer_size=2, queue_length=3, gamma=1.0, delta=0.2, no_temperature=
   cfg.fedpsa.delta = delta
   cfg.fedpsa.no_temperature = no_temperature
   cfg.fedpsa.no_sensitivity = no_sensitivity
-  strategy = FedPSA(cfg, _ctx(seed=seed))
+  strategy = FedPSA(cfg.fedpsa, _ctx(seed=seed, runtime=cfg.runtime))
   return strategy, strategy.init(PARAMS0)
 
 
@@ -575,7 +575,7 @@ def _hand_weights(payloads: np.ndarray, g: np.ndarray, temp: float) -> np.ndarra
 
 @pytest.mark.parametrize("fixed,temp", [(0.0, GAMMA + DELTA), (1.0, 1.0), (DELTA, DELTA), (0.2, 0.2)])
 def test_fixed_temperature_is_the_softmax_temperature(fixed, temp):
-  strategy = fedpsa_lib.FedPSA(_readings_config(fixed), _readings_ctx())
+  strategy = fedpsa_lib.FedPSA(_readings_config(fixed).fedpsa, _readings_ctx())
   state = strategy.init(PARAMS_KEY0)
   assert float(state.temperature) == pytest.approx(temp, rel=1e-6)
   rng = np.random.default_rng(2)
@@ -607,7 +607,7 @@ def test_near_uniform_readings():
   """The documented readings: at γ + δ = 5.5 even κ = ±1 give weights within e^(2/5.5) ≈ 1.44 of each other."""
   w = _hand_weights(np.array([[1.0, 0.0], [-1.0, 0.0]]), np.array([1.0, 0.0]), GAMMA + DELTA)
   assert w[0] / w[1] == pytest.approx(math.exp(2 / 5.5))
-  strategy = fedpsa_lib.FedPSA(_readings_config(0.0), _readings_ctx())
+  strategy = fedpsa_lib.FedPSA(_readings_config(0.0).fedpsa, _readings_ctx())
   assert fedpsa_lib.fixed_temperature(strategy.hparams) == GAMMA + DELTA
 
 
