@@ -21,6 +21,7 @@ A module of its own, standard library only, because the simulator's recorder and
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -34,17 +35,29 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class _FirstSignalStops:
-  """The handler `handle_signals` installs: the first signal raises `errors.Interrupted`; any later one is
-  dropped (the run is already stopping, and the exit code is the first signal's)."""
+  """The handler `handle_signals` installs: the first signal raises `errors.Interrupted` (or, where Python
+  would swallow it, leaves it to `stop_if_signalled`); any later one is dropped (the run is already stopping,
+  and the exit code is the first signal's)."""
 
   def __init__(self):
     self.received: int | None = None  # the first signal
 
   def __call__(self, signum: int, frame: Any) -> None:
-    del frame
     if self.received is None:
       self.received = signum
-      raise errors.Interrupted(signum)
+      if not _swallowed_there(frame):  # (there `stop_if_signalled` raises it at the run's next step)
+        raise errors.Interrupted(signum)
+
+
+def _swallowed_there(frame: Any) -> bool:
+  """Whether Python would print and drop an exception raised in `frame`: inside a `__del__` or a
+  garbage-collection callback (JAX registers one, which a signal can land in while a run compiles)."""
+  callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+  while frame is not None:
+    if frame.f_code.co_name == "__del__" or frame.f_code in callbacks:
+      return True
+    frame = frame.f_back
+  return False
 
 
 def handle_signals() -> None:
@@ -53,6 +66,16 @@ def handle_signals() -> None:
   handler = _FirstSignalStops()
   for signum in SIGNALS:
     signal.signal(signum, handler)
+
+
+def stop_if_signalled() -> None:
+  """Raises `errors.Interrupted` when `handle_signals`' handler (still installed) has received a signal and
+  the caller goes on all the same: the signal landed where an exception would be swallowed (a `__del__`, a
+  garbage-collection callback: not raised there), or in a weakref callback, whose exception Python prints and
+  drops. The simulator's loop calls it at each step, so such a stop still stops the run."""
+  handler = signal.getsignal(signal.SIGTERM)  # (the process's handler: signals are process-wide state)
+  if isinstance(handler, _FirstSignalStops) and handler.received is not None:
+    raise errors.Interrupted(handler.received)
 
 
 def exit_while_starting() -> None:

@@ -140,6 +140,7 @@ class Simulation:
     eval_every = config_lib.eval_every_units(self.config)
     checkpoint_every = int(round(self.config.checkpoint.every_days * config_lib.UNITS_PER_DAY))
     while loop.status == "running":
+      signals.stop_if_signalled()
       t = scheduler.next_time()
       while loop.next_eval <= min(until, self.budget) and (t is None or loop.next_eval < t):
         evaluated = loop.next_eval
@@ -298,6 +299,7 @@ class Simulation:
     loop = self.loop
     if loop.status == "running":
       self.run_until(self.budget / config_lib.UNITS_PER_DAY)
+    signals.stop_if_signalled()
     if loop.status == "running":  # (not after a divergence: its evaluation was the last)
       self._log_eval(self.budget)
       if loop.status == "running":

@@ -680,3 +680,24 @@ def test_a_real_full_disk_prints_one_line_and_nothing_from_the_libraries_threads
   assert "Traceback" not in proc.stderr and len(messages(proc.stderr)) == 1, [m[:300] for m in messages(proc.stderr)]
   assert re.match(rf"cannot write {re.escape(str(mount / 'run'))}/.*: No space left on device \(ENOSPC\); make room",
                   proc.stderr.strip().splitlines()[-1])
+
+
+def test_a_signal_that_lands_where_python_swallows_exceptions_stops_the_run_at_its_next_step(capsys):
+  """A SIGTERM handled while JAX's garbage-collection callback ran (during the first compiles): Python printed the
+  handler's Interrupted ('Exception ignored in: _xla_gc_callback') and went on, the handler counted the signal as
+  received, and the run completed with exit 0. The same in a `__del__`, without the printed traceback now."""
+  class RaisesInDel:
+    def __del__(self):
+      signal.raise_signal(signal.SIGTERM)
+
+  signals.handle_signals()
+  try:
+    RaisesInDel()  # (freed at once: the Interrupted is printed, not raised)
+    with pytest.raises(errors.Interrupted) as stopped:
+      signals.stop_if_signalled()
+    assert stopped.value.signum == signal.SIGTERM
+  finally:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  assert capsys.readouterr().err == ""
+  signals.stop_if_signalled()  # (another handler in place: nothing to do)
