@@ -150,6 +150,20 @@ def with_layout(sweep: dict[str, Any], layout: dict[str, Any] | None, sweep_dir:
   return {**sweep, "report": layout.get("report", {})}
 
 
+def _as_run(sweep: dict[str, Any]) -> str:
+  """' (as run: D virtual days on DATA)': what the members ran, which a description written for the full
+  configuration (a smoke variant's "after 10 days") does not say."""
+  base = sweep.get("base") or {}
+  varied = {field for _, values in [*sweep.get("axes", []), *[a for _, more in sweep.get("parts", []) for a in more]]
+            for _, fields in values for field in fields}  # (a field an axis sets differs between members)
+  days = (base.get("sim") or {}).get("virtual_days")
+  data = None if any(f.startswith("data.") for f in varied) else (
+      (base.get("data") or {}).get("name") or (base.get("data") or {}).get("path"))
+  if not isinstance(days, (int, float)) or "sim.virtual_days" in varied:
+    return ""
+  return f" (as run: {days:g} virtual day{'s' if days != 1 else ''}" + (f" on {data})" if data else ")")
+
+
 def sweep_report(sweep_dir: str, layout: dict[str, Any] | None = None) -> list[str]:
   """Every table and figure of a sweep directory into SWEEP_DIR/report; the paths written: members.csv (its
   `run_dir` relative to SWEEP_DIR), the table (when the layout has rows or cols), the files of the layout's
@@ -169,7 +183,7 @@ def sweep_report(sweep_dir: str, layout: dict[str, Any] | None = None) -> list[s
   # that ran it, and stays true when the sweep directory moves.
   listed = frame.assign(run_dir=[os.path.relpath(d, sweep_dir) for d in frame["run_dir"]])
   written = [report_lib.write_csv(listed.set_index("member"), os.path.join(out, "members.csv"))]
-  title = f"# {sweep.get('name')}: {sweep.get('description', '')}\n"  # (the name says -smoke for a smoke run)
+  title = f"# {sweep.get('name')}: {sweep.get('description', '')}{_as_run(sweep)}\n"
   if spec.get("rows") or spec.get("cols"):
     written += _tables(sweep, frame, spec, out, title)
   written += contrasts.write(frame, sweep, out, title)  # the declared analysis (`analysis`), if any

@@ -29,7 +29,7 @@ from fedpsa_lab import figures, paper, report, report_lib, report_stats
 from fedpsa_lab import modes as lab_modes
 from fedpsa_lab.figures import fedpsa as fedpsa_figures
 
-from helpers import small_config
+from helpers import ROOT, small_config
 from numerics import assert_close, f32_tolerance
 
 
@@ -712,3 +712,43 @@ def test_markers_and_verdicts_read_holms_p_not_the_unadjusted_one(tmp_path):
   assert next(l for l in table.splitlines() if l.startswith("| FedAsync")).count("▼") == 2
   paired_md = open(os.path.join(workdir, "report", "paired.md")).read()
   assert next(l for l in paired_md.splitlines() if l.startswith("| FedPSA (Ours) | α=0.1 |")).count("within the noise") == 1
+
+
+def _runs_with_metrics(tmp_path, methods: list[str]) -> list[str]:
+  dirs = []
+  for i, method in enumerate(methods):
+    run_dir = tmp_path / f"run{i}"
+    run_dir.mkdir()
+    io.write_json_atomic(str(run_dir / "summary.json"), {"status": "completed", "method": method})
+    (run_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"day": d, "test_accuracy": 0.1 + 0.1 * d * i, "bytes_uploaded": int(1e6 * d)}) + "\n"
+        for d in range(4)))
+    dirs.append(str(run_dir))
+  return dirs
+
+
+def test_accuracy_vs_upload_legend_stays_short_and_beside_the_axes(tmp_path, monkeypatch):
+  # A sweep's 39 runs once drew 39 legend entries over the data: now one per method, outside the axes.
+  from fedpsa_lab.figures import aifed as aifed_figures
+  drawn = []
+  monkeypatch.setattr(report_lib, "save_figure", lambda fig, path: drawn.append(fig) or path)
+  many = _runs_with_metrics(tmp_path, ["fedbuff", "fedpsa", "fedasync"] * 13)
+  aifed_figures.group_figures(many, str(tmp_path / "figs"))
+  legend = drawn[-1].axes[0].get_legend()
+  assert [t.get_text() for t in legend.get_texts()] == ["fedbuff", "fedpsa", "fedasync"]
+  assert legend.get_bbox_to_anchor().x0 > drawn[-1].axes[0].get_window_extent().x1 - 1  # right of the axes
+  assert len(drawn[-1].axes[0].lines) == 39 and drawn[-1].axes[0].get_ylim() == (0.0, 1.0)
+  (tmp_path / "few").mkdir()
+  few = _runs_with_metrics(tmp_path / "few", ["fedbuff", "fedpsa"])
+  aifed_figures.group_figures(few, str(tmp_path / "figs2"))
+  assert [t.get_text() for t in drawn[-1].axes[0].get_legend().get_texts()] == ["fedbuff (run0)", "fedpsa (run1)"]
+
+
+def test_a_report_title_says_what_the_members_ran():
+  # The smoke variant of Table 1 keeps the paper's description ("after 10 days") but runs 0.01 virtual day.
+  smoke = io.config_json(config_lib.load_file(os.path.join(ROOT, "configs", "paper", "table1.py") + ":smoke"))
+  assert "10 days" in smoke["description"] and report._as_run(smoke) == " (as run: 0.01 virtual days)"
+  one_day = {"base": {"sim": {"virtual_days": 1.0}, "data": {"name": "mnist_5k"}}, "axes": [["method", [["a", {}]]]]}
+  assert report._as_run(one_day) == " (as run: 1 virtual day on mnist_5k)"
+  varied = {**one_day, "axes": [["dataset", [["m", {"data.name": "mnist"}], ["f", {"data.name": "fashion_mnist"}]]]]}
+  assert report._as_run(varied) == " (as run: 1 virtual day)"  # the data differs between members: not named
