@@ -124,6 +124,23 @@ def test_partial_correlation_is_the_precision_matrix_formula_and_group_intercept
       report_stats.partial_correlation(x + offset, y + 2 * offset, z, groups))
 
 
+def test_partial_correlation_with_groups_is_least_squares_on_explicit_group_dummies():
+  # The reference: x and y regressed on one indicator column per group plus the covariates, by lstsq, the
+  # residuals correlated. Groups of unequal sizes whose covariates differ in mean, so centring has work to do.
+  rng = np.random.default_rng(6)
+  groups = np.repeat(np.arange(5), [30, 80, 45, 120, 25])
+  z = rng.normal(size=(len(groups), 2)) + rng.normal(size=(5, 2))[groups] * 3
+  x = z @ [0.6, 0.2] + rng.normal(size=len(groups)) + rng.normal(size=5)[groups] * 4
+  y = 0.3 * x - z @ [0.5, 0.1] + rng.normal(size=len(groups)) + rng.normal(size=5)[groups] * 4
+  design = np.column_stack([np.eye(5)[groups], z])
+  residuals = [v - design @ np.linalg.lstsq(design, v, rcond=None)[0] for v in (x, y)]
+  expected = np.corrcoef(*residuals)[0, 1]
+  assert report_stats.partial_correlation(x, y, z, groups) == pytest.approx(expected, rel=1e-9)
+  no_covariates = [v - _group_means(v, groups) for v in (x, y)]
+  assert report_stats.partial_correlation(x, y, np.zeros((len(x), 0)), groups) == pytest.approx(
+      np.corrcoef(*no_covariates)[0, 1], rel=1e-9)
+
+
 def _group_means(v, groups):
   return np.array([v[groups == g].mean() for g in groups])
 
