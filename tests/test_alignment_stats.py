@@ -65,6 +65,7 @@ def test_block_length_is_the_median_run_length_to_the_third_rounded_up():
   assert fig.block_length(frame(1)) == 1
 
 
+@pytest.mark.slow
 def test_block_intervals_widen_with_serial_dependence_as_bartlett_says():
   # Two independent AR(1) series: r has variance (1 + φ²) / (n (1 − φ²)) (Bartlett), 2.9x the 1/n that a
   # pair-by-pair bootstrap assumes at φ = 0.7. Blocks of n^(1/3) recover most of it.

@@ -559,6 +559,7 @@ def test_orbax_background_tracebacks_are_dropped_and_its_warnings_kept():
   assert quiet.filter(record(logging.ERROR, os.path.join("fedpsa_jax", "sim", "runner.py"), failure))
 
 
+@pytest.mark.slow
 def test_never_retrieved_failures_of_orbax_writes_are_dropped_and_any_other_kept(caplog):
   """When one write of a save fails, asyncio logs the failures of the others ("Future exception was never
   retrieved", with a traceback) whenever their futures are collected, after the save has raised: those

@@ -309,6 +309,7 @@ def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
   assert "95% circular block bootstrap intervals" in open(os.path.join(workdir, "report", "alignment.md")).read()
 
 
+@pytest.mark.slow
 def test_a_sweep_is_redrawn_with_the_layout_of_its_config_and_only_of_its_own(tmp_path):
   # A sweep that ran before its config's layout had the paper's numbers: sweep.json's report section lacks them.
   spec = "configs/results/table1_mnist_5k.py:seeds=1"

@@ -86,6 +86,7 @@ def test_power_agrees_with_simulated_t_tests(sd, n, effect):
   assert report_stats.power_paired_t(sd, n, effect) == pytest.approx(simulated, abs=0.01)  # MC s.e. <= 0.0025
 
 
+@pytest.mark.slow
 def test_sd_upper_bound_covers_the_true_sd_at_its_confidence():
   rng = np.random.default_rng(3)
   samples = rng.normal(0.0, 2.0, size=(40_000, 3))
