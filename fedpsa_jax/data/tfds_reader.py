@@ -22,6 +22,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 from typing import Any, Iterator, Mapping
 
 import numpy as np
@@ -268,7 +269,8 @@ def _open_named_split(name: str, split: str, data_dir: str | None):
   tfds = _import_tfds(name)
 
   try:
-    source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+    with _tfds_scratch():
+      source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
   except (KeyError, NotImplementedError, tfds.core.registered.DatasetNotFoundError) as err:
     # What tfds 4.9 raises offline when nothing usable is on disk: KeyError ("splits is empty") when
     # data_dir is None; NotImplementedError ("file format TFRECORD is not supported") when data_dir is
@@ -278,6 +280,21 @@ def _open_named_split(name: str, split: str, data_dir: str | None):
   if len(source) == 0:
     raise DatasetNotFoundError(f"tfds dataset {name!r} split {split!r} is empty under data.data_dir={data_dir!r}")
   return source
+
+
+@contextlib.contextmanager
+def _tfds_scratch() -> Iterator[None]:
+  """Keeps what tfds writes to the system's temporary folder inside one folder of its own, removed after the call.
+
+  tfds (4.9) makes an empty `tmp*tfds` folder there, and never removes it, each time it builds a dataset that is
+  not prepared (`DatasetInfo.initialize_from_bucket`): one per missing dataset a user names. Data is read in the
+  main thread before any run starts, so redirecting `tempfile` for the length of the call is safe."""
+  with tempfile.TemporaryDirectory(prefix="fedpsa-jax-tfds-") as scratch:
+    previous, tempfile.tempdir = tempfile.tempdir, scratch
+    try:
+      yield
+    finally:
+      tempfile.tempdir = previous
 
 
 @contextlib.contextmanager
@@ -322,7 +339,8 @@ def not_found_message(name: str, data_dir: str | None) -> str:
   base = name.partition(":")[0]
   known = True
   try:
-    looked = str(tfds.builder(name, data_dir=data_dir).data_dir)
+    with _tfds_scratch():
+      looked = str(tfds.builder(name, data_dir=data_dir).data_dir)
   except tfds.core.registered.DatasetNotFoundError:
     known, looked = False, os.path.join(data_dir or default_data_dir(), base)
   except Exception:  # The message must not fail; fall back to the root directory.

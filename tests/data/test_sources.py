@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -102,14 +103,21 @@ def test_tfds_holdout_is_stratified_and_conserves_the_pool(name):
   np.testing.assert_array_equal(data.x_test, again.x_test)
 
 
-def test_missing_tfds_data_raises_with_path_and_how_to_download(tmp_path):
+def test_missing_tfds_data_raises_with_path_and_how_to_download(tmp_path, monkeypatch):
+  system_temp = tmp_path / "tmp"  # (the system's temporary folder, for this test alone)
+  system_temp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(system_temp))
+  data_dir = tmp_path / "data"
+  data_dir.mkdir()
   with pytest.raises(sources.DatasetNotFoundError) as info:
-    sources.load_dataset("mnist", rng=np.random.default_rng(0), data_dir=str(tmp_path))
+    sources.load_dataset("mnist", rng=np.random.default_rng(0), data_dir=str(data_dir))
   message = str(info.value)
-  assert str(tmp_path) in message and "download" in message
+  assert str(data_dir) in message and "download" in message
   assert "--config.data.data_dir" in message and "array_record" in message
   assert isinstance(info.value, ValueError)
-  assert os.listdir(tmp_path) == []  # Nothing was downloaded or prepared.
+  assert os.listdir(data_dir) == []  # Nothing was downloaded or prepared,
+  assert os.listdir(system_temp) == []  # and tfds' empty `tmp*tfds` folders did not stay behind.
+  assert tempfile.tempdir == str(system_temp)
 
 
 @pytest.fixture(scope="module")
