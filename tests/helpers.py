@@ -4,7 +4,10 @@ the strategies' unit tests (tests/strategies/)."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +24,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 
 
 set_fields = config_lib.set_fields  # dotted fields (`'sim.virtual_days': 0.1`) set on `c`
+
+
+def once_per_session(tmp_path_factory, name: str, produce: Callable[[], Any]) -> Any:
+  """`produce()`, a JSON value, computed once in a test session however many xdist workers ask for it.
+
+  A module-scoped fixture runs once in each worker that runs one of its tests; for a whole reference run that
+  is the same run twice on a 2-core machine. The first worker to ask computes it under a lock in the folder
+  its workers share (pytest's `pytest-N/`, pytest-xdist's recipe); the others wait and read it. Every worker
+  gets the value as JSON gave it back, so all compare against the same thing."""
+  if os.environ.get("PYTEST_XDIST_WORKER") is None:  # (one process: nothing to share)
+    return json.loads(json.dumps(produce()))
+  shared = tmp_path_factory.getbasetemp().parent
+  path = shared / f"{name}.json"
+  with open(shared / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # (released when the file closes, also if produce() raises)
+    if not path.exists():
+      partial = shared / f"{name}.json.partial"
+      partial.write_text(json.dumps(produce()))
+      os.replace(partial, path)
+    return json.loads(path.read_text())
 
 
 def small_config(method: str, model: str = "linear", days: float = 0.03, **fields) -> ml_collections.ConfigDict:

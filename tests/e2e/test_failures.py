@@ -46,7 +46,7 @@ from fedpsa_jax.checkpoint import CheckpointStore
 from fedpsa_jax.cli import modes
 from fedpsa_jax.data import sources
 from fedpsa_jax.sim import runner
-from helpers import ROOT, small_config
+from helpers import once_per_session, ROOT, small_config
 from test_checkpoint import LAUNCH_OVERRIDES, launch_config, outputs, saving_checkpoint
 
 _cached_mnist_5k_raw = functools.cache(sources._mnist_5k_raw)
@@ -345,13 +345,15 @@ def metrics_lines(workdir) -> int:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
   """The outputs of the run launch_run makes, uninterrupted (in this process: launch.py must agree)."""
-  path = tmp_path_factory.mktemp("whole") / "run"
-  original, sources._mnist_5k_raw = sources._mnist_5k_raw, _cached_mnist_5k_raw
-  try:
-    runner.Simulation(launch_config("fedpsa"), str(path)).run()
-  finally:
-    sources._mnist_5k_raw = original
-  return outputs(path)
+  def run() -> dict:
+    path = tmp_path_factory.mktemp("whole") / "run"
+    original, sources._mnist_5k_raw = sources._mnist_5k_raw, _cached_mnist_5k_raw
+    try:
+      runner.Simulation(launch_config("fedpsa"), str(path)).run()
+    finally:
+      sources._mnist_5k_raw = original
+    return outputs(path)
+  return once_per_session(tmp_path_factory, "failures_uninterrupted", run)
 
 
 def assert_stopped_by(proc: subprocess.Popen, signum: int, workdir) -> None:

@@ -18,13 +18,15 @@ import pytest
 
 from fedpsa_jax import io
 from fedpsa_jax.sim import runner
-from helpers import ROOT, set_fields
+from helpers import once_per_session, ROOT, set_fields
 from test_checkpoint import outputs
 
 # The paper's CNN (its client update is the longest compile of a run), small: the first evaluation, then the
-# first client updates compile; a checkpoint every evaluation.
+# first client updates compile; a checkpoint every evaluation. One local epoch: the client update compiles as long
+# (its epochs are a loop in the program) and each launch trains a fifth as long.
 OVERRIDES = {"partition.num_clients": 10, "sim.virtual_days": 0.01, "eval.every_days": 0.005,
-             "checkpoint.every_days": 0.005, "runtime.progress": False, "output.events": True}
+             "checkpoint.every_days": 0.005, "runtime.progress": False, "output.events": True,
+             "local.epochs": 1}
 STOPPED = "stopped (status 'interrupted'); rerun the same command to resume from the last checkpoint"
 
 
@@ -47,9 +49,11 @@ def launch(workdir, cache: bool) -> subprocess.Popen:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-  path = tmp_path_factory.mktemp("whole") / "run"
-  runner.Simulation(run_config(), str(path)).run()
-  return outputs(path)
+  def run() -> dict:
+    path = tmp_path_factory.mktemp("whole") / "run"
+    runner.Simulation(run_config(), str(path)).run()
+    return outputs(path)
+  return once_per_session(tmp_path_factory, "stop_anytime_uninterrupted", run)
 
 
 def _metrics_lines(workdir) -> int:
