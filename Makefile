@@ -35,11 +35,9 @@ run: $(STAMP)
 	$(PY) launch.py --config=configs/default.py $(ARGS)
 
 # The whole suite in parallel processes (pytest-xdist), at most 4: most tests are bound by single-threaded
-# compiles, so one worker per core (docs/testing.md has the times). CI runs this. Like test-fast, it keeps its
-# compiled programs in .pytest_cache/fedpsa-jax (tests/conftest.py): the first run in a checkout compiles them
-# all, a later one only what an edit changed (the same code either way; FEDPSA_TEST_CACHE= for none).
+# compiles, so one worker per core (docs/testing.md has the times). CI runs this.
 test: $(STAMP)
-	FEDPSA_TEST_CACHE=$${FEDPSA_TEST_CACHE-.pytest_cache/fedpsa-jax} $(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal $(ARGS)
+	$(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal $(ARGS)
 
 # The edit-test loop: everything but the tests marked slow (all of tests/e2e/: whole runs, launch.py subprocesses,
 # sweeps, the notebook; and the module tests of 2 s or more, marked by hand; docs/testing.md has the times).

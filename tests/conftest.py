@@ -6,8 +6,7 @@ whose jitted closures are new Python objects with the same HLO, in each of the x
 every launch.py subprocess. The cache (keyed by HLO, backend, devices and JAX version) holds the compiled
 code itself, so results do not change; the compile counter still counts every hit, so the tests that
 count compiles see the same numbers. The directory is new for each session and removed after it, unless
-FEDPSA_TEST_CACHE names one to keep (`make test` and `make test-fast`: a later run then compiles only what an
-edit changed).
+FEDPSA_TEST_CACHE names one to keep (`make test-fast`: the edit-test loop then compiles only what changed).
 """
 
 from __future__ import annotations
