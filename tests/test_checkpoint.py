@@ -257,12 +257,9 @@ def test_sigkill_at_several_points_then_resume_matches_uninterrupted(method, kil
 def finished_dir(tmp_path_factory):
   """One finished FedBuff run with checkpoints, made once; tests work on copies of it."""
   path = tmp_path_factory.mktemp("finished") / "run"
-  # (The autouse data cache is function-scoped; patch by hand for this module-scoped run.)
-  original, sources._mnist_5k_raw = sources._mnist_5k_raw, _cached_mnist_5k_raw
-  try:
+  with pytest.MonkeyPatch.context() as patch:  # (the autouse data cache is function-scoped)
+    patch.setattr(sources, "_mnist_5k_raw", _cached_mnist_5k_raw)
     runner.Simulation(resumable_config("fedbuff"), str(path)).run()
-  finally:
-    sources._mnist_5k_raw = original
   return path
 
 

@@ -347,11 +347,9 @@ def uninterrupted(tmp_path_factory):
   """The outputs of the run launch_run makes, uninterrupted (in this process: launch.py must agree)."""
   def run() -> dict:
     path = tmp_path_factory.mktemp("whole") / "run"
-    original, sources._mnist_5k_raw = sources._mnist_5k_raw, _cached_mnist_5k_raw
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # (the autouse data cache is function-scoped)
+      patch.setattr(sources, "_mnist_5k_raw", _cached_mnist_5k_raw)
       runner.Simulation(launch_config("fedpsa"), str(path)).run()
-    finally:
-      sources._mnist_5k_raw = original
     return outputs(path)
   return once_per_session(tmp_path_factory, "failures_uninterrupted", run)
 
