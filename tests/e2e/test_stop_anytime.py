@@ -22,8 +22,9 @@ from helpers import once_per_session, ROOT, set_fields
 from test_checkpoint import outputs
 
 # The paper's CNN (its client update is the longest compile of a run), small: the first evaluation, then the
-# first client updates compile; a checkpoint every evaluation. One local epoch: the client update compiles as long
-# (its epochs are a loop in the program) and each launch trains a fifth as long.
+# first client updates compile; a checkpoint every evaluation. One local epoch: the programs that compile are the same
+# (a CNN's client update on a CPU is one compiled SGD step, called once per batch) and each launch trains a fifth
+# as long.
 OVERRIDES = {"partition.num_clients": 10, "sim.virtual_days": 0.01, "eval.every_days": 0.005,
              "checkpoint.every_days": 0.005, "runtime.progress": False, "output.events": True,
              "local.epochs": 1}
