@@ -383,10 +383,14 @@ def resolve_loop(loop: str, platform: str | None = None, convolutional: bool = T
   return "unrolled" if platform == "cpu" and convolutional else "rolled"
 
 
-def proximal_term(mu: float) -> Regularizer:
-  """FedProx's μ/2 ||w − w_dispatch||², the local regulariser FedAsync's clients use."""
+@dataclasses.dataclass(frozen=True)
+class ProximalTerm:
+  """FedProx's μ/2 ||w − w_dispatch||², the local regulariser FedAsync's clients use.
 
-  def term(params: Params, anchor: Params) -> jax.Array:
-    return 0.5 * mu * squared_distance(params, anchor)
+  A value, not a closure: two runs with the same μ build equal `LocalTrainer`s, so a process compiles their
+  local training once (jit's static arguments are compared by value)."""
 
-  return term
+  mu: float
+
+  def __call__(self, params: Params, anchor: Params) -> jax.Array:
+    return 0.5 * self.mu * squared_distance(params, anchor)

@@ -20,6 +20,7 @@ depend on the flag, so one parameter tree serves both calls.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -300,8 +301,14 @@ def check_fits(name: str, input_shape: tuple[int, ...], num_classes: int, data: 
                           f"{', '.join(fitting) or 'none of ' + ', '.join(MODELS)}"))
 
 
+@functools.cache
 def get_model(name: str, num_classes: int, init: str = "torch") -> nn.Module:
-  """The model called `name` (one of `MODELS`) with `num_classes` outputs, initialised by `init` (`INITS`)."""
+  """The model called `name` (one of `MODELS`) with `num_classes` outputs, initialised by `init` (`INITS`).
+
+  One instance per (name, num_classes, init) in a process: a Linen module is an immutable description, and
+  its bound `apply` equals another only if their module is the same object. The jitted functions that take
+  `model.apply` as a static argument (local training, evaluation, the sketch) then see the same argument
+  in every run a process builds (a sweep's members, a notebook's runs) and trace and compile once."""
   if name not in MODELS:
     raise ValueError(f"model.name={name!r} is not a known model; allowed: {sorted(MODELS)}")
   if init not in INITS:

@@ -77,7 +77,7 @@ def test_masked_partial_batches_equal_unpadded_training(problem, loop, max_unrol
 @pytest.mark.slow
 def test_proximal_term_matches_reference(problem):
   model, params, x, y, index_row = problem
-  trainer = local.LocalTrainer(model.apply, 16, 1, regularizer=local.proximal_term(0.5), max_unroll=2)
+  trainer = local.LocalTrainer(model.apply, 16, 1, regularizer=local.ProximalTerm(0.5), max_unroll=2)
   key = jax.random.key(1)
   got = train(trainer, params, x, y, index_row, 40, 0.2, key)
   want = reference_train(model, params, x, y, index_row, 40, 0.2, job_key(key), 16, 1, mu=0.5)
@@ -167,7 +167,7 @@ def test_train_job_is_the_job_shuffle_then_training(problem, n, mu):
   fold_in(clients_key, job_id), and the unrolled path's result."""
   model, params, x, y, index_row = problem
   clients_key, job_id = jax.random.key(9), 17
-  regularizer = local.proximal_term(mu) if mu else None
+  regularizer = local.ProximalTerm(mu) if mu else None
   want = reference_train(model, params, x, y, index_row, n, 0.1, jax.random.fold_in(clients_key, job_id), 32, 2, mu=mu)
   for loop in ("rolled", "unrolled"):
     trainer = local.LocalTrainer(model.apply, batch_size=32, epochs=2, loop=loop, regularizer=regularizer)
@@ -210,7 +210,7 @@ def test_each_step_consumes_the_last_ones_parameters_never_the_callers(problem, 
   # in flight holds one working set, whatever its step count; the caller's tree survives unless handed over
   # (`owned`) to a chain that does not read it as the anchor (FedProx's term does: mu > 0).
   model, params, x, y, index_row = problem
-  regularizer = local.proximal_term(mu) if mu else None
+  regularizer = local.ProximalTerm(mu) if mu else None
   trainer = local.LocalTrainer(model.apply, batch_size=32, epochs=2, max_unroll=1, regularizer=regularizer)
   key = jax.random.key(5)
   expected = reference_train(model, params, x, y, index_row, 70, 0.1, job_key(key), 32, 2, mu=mu)

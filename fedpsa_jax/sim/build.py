@@ -135,6 +135,13 @@ def strategy_context(config: ml_collections.ConfigDict, dataset: Dataset, fed: F
       runtime=config.runtime)
 
 
+# Jitted: one compile for the whole init instead of one per initializer and shape (same values). The module
+# is static (Linen modules compare by value): every run of a process initialises one model through one program.
+@functools.partial(jax.jit, static_argnums=0)
+def _init(model: Any, key: jax.Array, x: jax.Array) -> Params:
+  return model.init(key, x)
+
+
 def build_run(config: ml_collections.ConfigDict, compiles: CompileCounter | None = None,
               data: tuple[Dataset, FederatedData] | None = None) -> Run:
   """Builds the run of a validated `config` (`data`: its `build_data`, if already loaded)."""
@@ -143,8 +150,7 @@ def build_run(config: ml_collections.ConfigDict, compiles: CompileCounter | None
   check_fits(config.model.name, dataset.input_shape, dataset.num_classes, source)  # (ConfigError: before any work)
   model = get_model(config.model.name, dataset.num_classes, config.model.init)
   init_x = jnp.zeros((1, *dataset.input_shape), jnp.float32)
-  # Jitted: one compile for the whole init instead of one per initializer and shape (same values).
-  params = jax.jit(model.init)(seeding.device_key(config.seed, "init"), init_x)
+  params = _init(model, seeding.device_key(config.seed, "init"), init_x)
   strategy = strategies.get_strategy(config.method)(config.get(config.method, ml_collections.ConfigDict()),
                                                     strategy_context(config, dataset, fed, model, params))
   # Committed to the server's device from the start: jit caches a program per committed/uncommitted

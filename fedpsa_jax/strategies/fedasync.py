@@ -92,8 +92,8 @@ class FedAsync(Strategy):
 
   def __init__(self, hparams, ctx):
     super().__init__(hparams, ctx)
-    # Built once: the local trainer is a static jit argument, so one regulariser object means one compile.
-    self.client = ClientSide(regularizer=local.proximal_term(self.hparams.prox_mu) if self.hparams.prox_mu > 0
+    # A value (equal for equal μ): the local trainer is a static jit argument, so runs of one μ compile once.
+    self.client = ClientSide(regularizer=local.ProximalTerm(self.hparams.prox_mu) if self.hparams.prox_mu > 0
                              else None)
     self._a, self._b = self.staleness_params(self.hparams)
 

@@ -60,6 +60,7 @@ Adaptation choices (the paper is synchronous; FLGo's and the official code are t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Sequence
 
@@ -71,7 +72,6 @@ import numpy as np
 import optax
 
 from fedpsa_jax import models
-from fedpsa_jax.local import LocalLoss
 from fedpsa_jax.strategies.base import Arrival, ClientJob, ClientSide, Strategy, register
 from fedpsa_jax.strategies.common import buffer_size, section_errors
 from fedpsa_jax.tree_util import apply_weighted
@@ -114,19 +114,23 @@ def with_head(params: Params, layer: str, head: Params) -> Params:
 # --- client side ------------------------------------------------------------------------------------
 
 
-def alignment_loss(lam: float) -> LocalLoss:
-  """The local objective of one padded batch: masked mean of CE + λ · mean_d (f(x) − c_y)²."""
+@dataclasses.dataclass(frozen=True)
+class AlignmentLoss:
+  """The local objective of one padded batch: masked mean of CE + λ · mean_d (f(x) − c_y)².
 
-  def loss(apply_fn, params, anchor, x, y, mask, aux):
+  A value, not a closure: runs with the same λ build equal `LocalTrainer`s, whose local training a process
+  then compiles once (jit's static arguments are compared by value)."""
+
+  lam: float
+
+  def __call__(self, apply_fn, params, anchor, x, y, mask, aux) -> jax.Array:
     del anchor
     prototypes, known = aux
     features, logits = apply_fn(params, x, return_features=True)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
     align = jnp.mean((features - jnp.take(prototypes, y, axis=0)) ** 2, axis=-1)
     align = align * jnp.take(known, y).astype(align.dtype)  # no prototype for the class yet: no term
-    return jnp.sum((ce + lam * align) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-
-  return loss
+    return jnp.sum((ce + self.lam * align) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
 def class_feature_sums(apply_fn, params: Params, x_all: jax.Array, y_all: jax.Array, index_row: jax.Array,
@@ -273,7 +277,7 @@ class FedPAC(Strategy):
     self._statistics = jax.jit(functools.partial(
         client_statistics, ctx.apply_fn, num_classes=ctx.num_classes,
         batch_size=int(self.hparams.stats_batch_size)))
-    self.client = ClientSide(loss=alignment_loss(float(self.hparams.lam)), payload=self._client_payload)
+    self.client = ClientSide(loss=AlignmentLoss(float(self.hparams.lam)), payload=self._client_payload)
     self._sizes = jnp.asarray(ctx.client_sizes, jnp.float32)
     self._layer = models.classifier_layer(ctx.params_shape)  # the classifier's name
 

@@ -217,6 +217,7 @@ def test_run_metrics_do_not_depend_on_the_backend(tmp_path):
 def test_nothing_compiles_inside_the_loop_once_warm(method):
   """Equal-size clients (iid): once every code path has run (FedPSA: its queue of L_q = 50 κ filled,
   so the thermometer is on), the next ~100 client updates compile nothing (no jit cache rebuilt per event)."""
+  jax.clear_caches()  # (a run this process made earlier may have compiled them all: count this run's own)
   sim = runner.Simulation(small_config(method, days=0.05, partition__method="iid", runtime__execution="loop"))
   sim.run_until(0.02)
   warm, updates = sim.compiles.count, sim.loop.client_updates

@@ -16,7 +16,7 @@ from fedpsa_jax import config as config_lib
 from fedpsa_jax import local
 from fedpsa_jax.local import ClientData
 from fedpsa_jax.strategies import ClientJob
-from fedpsa_jax.strategies.fedpac import FedPAC, alignment_loss, collaboration_weights, solve_simplex_qp
+from fedpsa_jax.strategies.fedpac import AlignmentLoss, FedPAC, collaboration_weights, solve_simplex_qp
 from helpers import (_add, _arrival, _close, _np_tree as _np, _random_like, AGGREGATION_TOL, baseline_cfg as _cfg,
                      baseline_ctx as _ctx, HIDDEN, MODEL, NUM_CLASSES, PARAMS0)
 from numerics import assert_close, f32_tolerance
@@ -122,7 +122,7 @@ def test_fedpac_client_statistics_by_hand():
 @pytest.mark.slow
 def test_fedpac_local_loss_by_hand_and_through_the_trainer():
   lam = 0.7
-  loss = alignment_loss(lam)
+  loss = AlignmentLoss(lam)
   jitted = jax.jit(loss, static_argnums=0)  # eager op-by-op dispatch would cost seconds
   rng = np.random.default_rng(5)
   x = rng.normal(size=(6, 4)).astype(np.float32)
