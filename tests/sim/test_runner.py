@@ -247,6 +247,7 @@ def test_phase_timing_waits_at_every_event():
 _TRAINING = ("jit(_run_job)", "jit(_run_batches)")
 
 
+@pytest.mark.slow  # (two short runs each, 2-4 s)
 @pytest.mark.parametrize("method,model", [("fedbuff", "linear"), ("fedasync", "linear"), ("fedpac", "tiny_mlp")])
 def test_a_second_run_in_a_process_compiles_no_local_training_again(method, model):
   """Runs of one model and local setup build equal local trainers (one model instance per kind; FedAsync's
