@@ -8,7 +8,7 @@ traced argument, so decaying it never recompiles.
 How the steps are looped is a per-backend choice; the measurements behind it: docs/performance.md.
 
 - `unrolled` (`train_job`, one client): a host loop over compiled calls of at most `max_unroll` steps
-  (default 1: one call per SGD step). An epoch is `n // B` full batches, in chunks of `max_unroll` and
+  (a run builds its trainer with 1: one call per SGD step; benchmarks/unroll.py measures larger chunks). An epoch is `n // B` full batches, in chunks of `max_unroll` and
   then powers of two, and then the partial batch at its own size, the next power of two >= n mod B (at
   least 8), masked past n. Compiled programs: one per (steps per call, rows per batch), so with
   max_unroll = 1 at most one per batch size (B, 8, 16, 32, ...) whatever the clients' sizes.
