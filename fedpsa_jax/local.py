@@ -8,10 +8,11 @@ traced argument, so decaying it never recompiles.
 How the steps are looped is a per-backend choice; the measurements behind it: docs/performance.md.
 
 - `unrolled` (`train_job`, one client): a host loop over compiled calls of at most `max_unroll` steps
-  (a run builds its trainer with 1: one call per SGD step; benchmarks/unroll.py measures larger chunks). An epoch is `n // B` full batches, in chunks of `max_unroll` and
-  then powers of two, and then the partial batch at its own size, the next power of two >= n mod B (at
-  least 8), masked past n. Compiled programs: one per (steps per call, rows per batch), so with
-  max_unroll = 1 at most one per batch size (B, 8, 16, 32, ...) whatever the clients' sizes.
+  (a run builds its trainer with 1: one call per SGD step; benchmarks/unroll.py measures larger chunks).
+  An epoch is `n // B` full batches, in chunks of `max_unroll` and then powers of two, and then the partial
+  batch at its own size, the next power of two >= n mod B (at least 8), masked past n. Compiled programs:
+  one per (steps per call, rows per batch), so with max_unroll = 1 at most one per batch size (B, 8, 16,
+  32, ...) whatever the clients' sizes.
 - `rolled` (`train_job`, one client): the whole job in one compiled call: its shuffle, then per epoch a
   `fori_loop` over the full batches (a traced count) and the partial batch at its own size, so one program
   per partial-batch size whatever the clients' sizes. The faster on a GPU (measured on an H100:
