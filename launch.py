@@ -25,7 +25,10 @@ from fedpsa_jax import signals
 
 signals.exit_while_starting()  # a Ctrl-C while the libraries load: one line, not the traceback of an import
 
+from fedpsa_jax import cli  # noqa: E402
 from fedpsa_jax.cli import host_devices  # noqa: E402
+
+cli.skip_final_collections()  # (the exit's collections over JAX's objects took 0.5-1 s of every command)
 
 host_devices.force_host_devices(sys.argv)  # before JAX is imported: XLA reads XLA_FLAGS once
 

@@ -25,6 +25,8 @@ Standard library only: launch.py imports this before JAX.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import signal
 import sys
@@ -42,6 +44,16 @@ _REPOSITORY = os.path.dirname(_PACKAGE_DIR.rstrip(os.sep))
 _LAUNCH = os.path.join(_REPOSITORY, "launch.py")
 # The project's code, not a user's: this package and the analysis package beside it (a path, not an import).
 _PROJECT_DIRS = (_PACKAGE_DIR, os.path.join(_REPOSITORY, "fedpsa_lab") + os.sep)
+
+
+def skip_final_collections() -> None:
+  """Makes the interpreter's exit skip the garbage collections it runs over everything still alive.
+
+  With JAX, flax and optax loaded those walk millions of objects: about 0.5-1 s of every command's exit on a
+  2-core CPU, a one-line refusal included. `gc.freeze()` moves the live objects where the collector no longer
+  looks; they are freed by the process's end as they would have been. Registered before any other exit hook,
+  it runs after all of them (atexit runs its hooks last-in, first-out), so every hook sees the usual exit."""
+  atexit.register(gc.freeze)
 
 
 def exit_code_for_signal(signum: int) -> int:
