@@ -24,7 +24,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 import types
@@ -34,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import forked_launch
 from helpers import set_fields
 from fedpsa_jax import checkpoint, io, strategies
 from fedpsa_jax.data import sources
@@ -194,24 +194,16 @@ def launch_config(method: str):
   return set_fields(c, LAUNCH_OVERRIDES)
 
 
-@pytest.fixture(scope="module")
-def launch_env():
-  """The environment of each launch.py process: CPU, and the session's compilation cache (conftest.py),
-  so that each process does not recompile (the compiled code is the same either way)."""
-  return {**os.environ, "JAX_PLATFORMS": "cpu"}
-
-
-def launch(workdir, method: str, env: dict, kill_when=None) -> int:
-  """Runs launch.py; with `kill_when(workdir) -> bool`, SIGKILLs it as soon as that holds.
-  Returns the exit code (-9 when killed)."""
+def launch(workdir, method: str, kill_when=None) -> int:
+  """Runs launch.py (a child of tests/forked_launch.py's server: the session's compilation cache, so that each
+  process does not recompile, as the compiled code is the same either way); with `kill_when(workdir) -> bool`,
+  SIGKILLs it as soon as that holds. Returns the exit code (-9 when killed)."""
   args = [f"--config.{k}={v}" for k, v in LAUNCH_OVERRIDES.items()]
-  proc = subprocess.Popen([sys.executable, "launch.py", "--config=configs/default.py", *args,
-                           f"--config.method={method}", f"--workdir={workdir}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+  proc = forked_launch.start("--config=configs/default.py", *args, f"--config.method={method}", f"--workdir={workdir}")
   deadline = time.monotonic() + 240
   while kill_when is not None and proc.poll() is None and time.monotonic() < deadline:
     if kill_when(workdir):
-      proc.send_signal(signal.SIGKILL)
+      proc.kill()
       break
     time.sleep(0.002)
   _, err = proc.communicate(timeout=240)
@@ -239,13 +231,13 @@ def saving_checkpoint(workdir) -> bool:
     # just after a line that follows a checkpoint, then (at once) during a checkpoint write
     ("ca2fl", [lines_at_least(5), saving_checkpoint]),
 ])
-def test_sigkill_at_several_points_then_resume_matches_uninterrupted(method, kills, tmp_path, launch_env):
+def test_sigkill_at_several_points_then_resume_matches_uninterrupted(method, kills, tmp_path):
   # The uninterrupted reference runs in this process: launch.py and Simulation must agree as well.
   runner.Simulation(launch_config(method), str(tmp_path / "whole")).run()
   cut = tmp_path / "cut"
-  codes = [launch(cut, method, launch_env, kill_when=k) for k in kills]
+  codes = [launch(cut, method, kill_when=k) for k in kills]
   assert -signal.SIGKILL in codes, "no kill landed: the runs finished before any kill condition held"
-  assert launch(cut, method, launch_env) == 0  # the rerun of the same command resumes and completes
+  assert launch(cut, method) == 0  # the rerun of the same command resumes and completes
   assert not any(".orbax-checkpoint-tmp" in n for n in os.listdir(cut / "checkpoints"))
   assert outputs(cut) == outputs(tmp_path / "whole")
 
@@ -438,15 +430,14 @@ def test_a_checkpoint_naming_a_foreign_type_is_refused_and_nothing_runs(node, fi
 @pytest.mark.slow
 def test_launch_refuses_a_crafted_checkpoint_with_exit_2(tmp_path):
   workdir = tmp_path / "run"
-  assert launch(workdir, "fedbuff", {**os.environ, "JAX_PLATFORMS": "cpu"}) == 0
+  assert launch(workdir, "fedbuff") == 0
   marker = tmp_path / "MARKER"
   _, meta = newest_meta(workdir)
   plant(meta, {"kind": "namedtuple", "type": "os:system", "items": [f"touch {marker}"]})
   reseal(meta)
   args = [f"--config.{k}={v}" for k, v in LAUNCH_OVERRIDES.items()]
-  proc = subprocess.run([sys.executable, "launch.py", "--config=configs/default.py", *args, "--config.method=fedbuff",
-                         "--config.sim.virtual_days=0.05", f"--workdir={workdir}"], cwd=ROOT, capture_output=True,
-                        text=True, timeout=240)
+  proc = forked_launch.launch("--config=configs/default.py", *args, "--config.method=fedbuff",
+                              "--config.sim.virtual_days=0.05", f"--workdir={workdir}")
   assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
   assert "is refused: it names the type 'os:system'" in proc.stderr
   assert not marker.exists()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -12,6 +11,7 @@ from fedpsa_jax import config as config_lib
 from fedpsa_jax.sim import runner
 from fedpsa_jax.strategies import fedpsa
 from fedpsa_jax.validation import MISSING, get_field
+import forked_launch
 from helpers import small_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -161,9 +161,8 @@ def test_default_and_paper_configs_validate():
 
 @pytest.mark.slow
 def test_launch_rejects_bad_config_without_traceback(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, "launch.py", "--config=configs/default.py", "--config.partition.alpha=-1",
-       f"--workdir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  proc = forked_launch.launch("--config=configs/default.py", "--config.partition.alpha=-1",
+                              f"--workdir={tmp_path / 'run'}")
   assert proc.returncode != 0
   assert "partition.alpha=-1" in proc.stderr
   assert "Traceback" not in proc.stderr

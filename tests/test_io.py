@@ -21,6 +21,7 @@ import pytest
 
 from fedpsa_jax import errors, io
 from fedpsa_jax.errors import ConfigError
+import forked_launch
 from helpers import small_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -137,13 +138,11 @@ def test_a_bad_line_before_the_last_is_an_error_naming_file_and_line(tmp_path):
 @pytest.mark.slow
 def test_report_mode_reads_a_run_with_a_torn_last_line(tmp_path):
   run_dir = write_run(tmp_path, "".join(LINES) + '{"day": 0.02, "te')
-  done = subprocess.run([sys.executable, "launch.py", f"--workdir={run_dir}", "--mode=report"], cwd=ROOT,
-                        capture_output=True, text=True, timeout=240)
+  done = forked_launch.launch(f"--workdir={run_dir}", "--mode=report")
   assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
   assert "TornLineWarning" in done.stderr and "report written" in done.stdout
   (tmp_path / "metrics.jsonl").write_text(LINES[0] + "{bad\n" + LINES[1])
-  done = subprocess.run([sys.executable, "launch.py", f"--workdir={run_dir}", "--mode=report"], cwd=ROOT,
-                        capture_output=True, text=True, timeout=240)
+  done = forked_launch.launch(f"--workdir={run_dir}", "--mode=report")
   assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
   assert "metrics.jsonl: line 2 is not valid JSON" in done.stderr
 

@@ -12,6 +12,7 @@ import pytest
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import compiles, profilers, profiling, sensitivity, strategies
 from fedpsa_jax.profilers import fedpsa as fedpsa_profiler
+import forked_launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,10 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 def test_launch_profile_writes_every_piece(tmp_path):
   workdir = tmp_path / "prof"
-  proc = subprocess.run(
-      [sys.executable, "launch.py", "--config=configs/default.py", "--mode=profile", "--profile_repeats=1",
-       "--config.model.name=linear", f"--workdir={workdir}"],
-      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  proc = forked_launch.launch("--config=configs/default.py", "--mode=profile", "--profile_repeats=1",
+                              "--config.model.name=linear", f"--workdir={workdir}", timeout=600)
   assert proc.returncode == 0, proc.stderr[-2000:]
   written = json.load(open(workdir / "profile.json"))
   rows, origin = written["rows"], written["provenance"]

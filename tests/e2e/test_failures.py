@@ -46,6 +46,7 @@ from fedpsa_jax.checkpoint import CheckpointStore
 from fedpsa_jax.cli import modes
 from fedpsa_jax.data import sources
 from fedpsa_jax.sim import runner
+import forked_launch
 from helpers import once_per_session, ROOT, small_config
 from test_checkpoint import LAUNCH_OVERRIDES, launch_config, outputs, saving_checkpoint
 
@@ -66,8 +67,8 @@ def messages(stderr: str) -> list[str]:
 
 
 def launch(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "launch.py", "--config.runtime.progress=False", *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=timeout, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  """launch.py refusing something: a real launch.py process, forked from one that has its libraries loaded."""
+  return forked_launch.launch("--config.runtime.progress=False", *args, timeout=timeout)
 
 
 # --- 1. flags and config files ---------------------------------------------------------------------------
@@ -317,15 +318,13 @@ def test_launch_on_a_busy_workdir_is_refused_in_one_line(tmp_path):
 # --- 5. signals ---------------------------------------------------------------------------------------------
 
 
-def launch_run(workdir, method: str = "fedpsa") -> subprocess.Popen:
+def launch_run(workdir, method: str = "fedpsa") -> forked_launch.Child:
+  """launch.py started on a short run (a child of tests/forked_launch.py's server), to be signalled."""
   args = [f"--config.{k}={v}" for k, v in LAUNCH_OVERRIDES.items()]
-  return subprocess.Popen([sys.executable, "launch.py", "--config=configs/default.py", *args,
-                           f"--config.method={method}", f"--workdir={workdir}"], cwd=ROOT,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
+  return forked_launch.start("--config=configs/default.py", *args, f"--config.method={method}", f"--workdir={workdir}")
 
 
-def signal_when(proc: subprocess.Popen, signum: int, ready) -> object:
+def signal_when(proc: forked_launch.Child, signum: int, ready) -> object:
   """Sends `signum` as soon as `ready()` returns something true; returns that (None if the run ended first)."""
   deadline = time.monotonic() + 240
   while proc.poll() is None and time.monotonic() < deadline:
@@ -354,7 +353,7 @@ def uninterrupted(tmp_path_factory):
   return once_per_session(tmp_path_factory, "failures_uninterrupted", run)
 
 
-def assert_stopped_by(proc: subprocess.Popen, signum: int, workdir) -> None:
+def assert_stopped_by(proc: forked_launch.Child, signum: int, workdir) -> None:
   _, stderr = proc.communicate(timeout=240)
   name = signal.Signals(signum).name
   assert proc.returncode == 128 + signum, stderr[-3000:]
@@ -602,9 +601,8 @@ def test_the_advice_of_an_output_that_cannot_be_written_fits_its_cause(code, adv
 @pytest.mark.slow
 def test_an_empty_workdir_is_refused_not_taken_for_the_default(tmp_path):
   """`--workdir=` (a shell variable that was empty) used to run into a new runs/<config>-<time>."""
-  proc = subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), "--config.runtime.progress=False",
-                         f"--config={os.path.join(ROOT, 'configs', 'default.py')}", "--workdir="], cwd=tmp_path,
-                        capture_output=True, text=True, timeout=240, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  config = os.path.join(ROOT, "configs", "default.py")
+  proc = forked_launch.launch("--config.runtime.progress=False", f"--config={config}", "--workdir=", cwd=tmp_path)
   assert_one_message(proc, ["--workdir= is empty; allowed: a directory"])
   assert os.listdir(tmp_path) == []  # no runs/ made
 
@@ -612,7 +610,7 @@ def test_an_empty_workdir_is_refused_not_taken_for_the_default(tmp_path):
 # --- 5. more signals while stopping or exiting ----------------------------------------------------------------
 
 
-def _stop_with(workdir, first: int, then: int, interval: float) -> subprocess.Popen:
+def _stop_with(workdir, first: int, then: int, interval: float) -> forked_launch.Child:
   """A launch_run stopped by `first` once a metrics line is written, then sent `then` every `interval`
   seconds until it has exited (the stop and the exit of an impatient user, or a scheduler's SIGTERM after
   a Ctrl-C)."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -22,7 +21,8 @@ import pytest
 from fedpsa_jax import io, sweep
 from fedpsa_jax.cli import modes
 from fedpsa_jax.errors import ConfigError
-from helpers import ROOT, small_config
+import forked_launch
+from helpers import small_config
 
 RUN = ["--config=configs/default.py", "--config.model.name=linear", "--config.partition.num_clients=10",
        "--config.sim.virtual_days=0.005", "--config.eval.every_days=0.005", "--config.runtime.progress=False",
@@ -42,9 +42,7 @@ def get_config(arg=None):
 '''
 
 
-def launch(*args: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "launch.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=240,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+launch = forked_launch.launch
 
 
 def snapshot(folder) -> dict[str, bytes | str | None]:

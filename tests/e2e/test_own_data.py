@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from fedpsa_jax import config as config_lib
 from fedpsa_jax.data import cache, fingerprint
 from fedpsa_jax.sim import runner
 from fedpsa_lab import paper
+import forked_launch
 from helpers import ROOT, small_config
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "tensorflow_datasets")
@@ -54,10 +54,9 @@ def _own_data(method: str, path: str, **fields):
 
 
 def launch(*args: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "launch.py", "--config=configs/default.py", "--config.runtime.progress=False",
-                         "--config.data.name=None", "--config.partition.num_clients=8", "--config.model.name=tiny_mlp",
-                         "--config.sim.virtual_days=0.01", *args], cwd=ROOT, capture_output=True, text=True,
-                        timeout=600)
+  return forked_launch.launch("--config=configs/default.py", "--config.runtime.progress=False",
+                              "--config.data.name=None", "--config.partition.num_clients=8",
+                              "--config.model.name=tiny_mlp", "--config.sim.virtual_days=0.01", *args, timeout=600)
 
 
 @pytest.mark.parametrize("kind", ["folder", "npz"])
@@ -151,7 +150,7 @@ def test_a_data_path_alone_on_the_command_line_replaces_the_configs_data_name(di
     arrays = dict(f)
   bad = str(tmp_path / "bad.npz")  # (refused once loaded: the path was taken, without a run)
   np.savez(bad, **{**arrays, "y_test": arrays["y_test"].astype(np.float32)})
-  proc = subprocess.run([sys.executable, "launch.py", "--config=configs/default.py", f"--config.data.path={bad}",
-                         f"--workdir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  proc = forked_launch.launch("--config=configs/default.py", f"--config.data.path={bad}",
+                              f"--workdir={tmp_path / 'run'}")
   assert proc.returncode == 2 and proc.stderr.strip() == (
       f"data.path={bad!r}: y_test has dtype float32; allowed: integer labels"), proc.stderr

@@ -17,7 +17,6 @@ import math
 import os
 import re
 import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +27,7 @@ from fedpsa_jax import io
 from fedpsa_jax import metrics
 from fedpsa_jax.data import sources
 from fedpsa_jax.sim import runner
+import forked_launch
 from helpers import ROOT, small_config
 
 TIMING = set(runner.PROCESS_FIELDS)
@@ -222,9 +222,7 @@ def test_bad_input_fails_before_training_naming_the_field(make, names, allowed, 
 
 
 def run_launch(*args: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "launch.py", "--config=configs/default.py",
-                         "--config.runtime.progress=False", *args],
-                        cwd=ROOT, capture_output=True, text=True, timeout=180)
+  return forked_launch.launch("--config=configs/default.py", "--config.runtime.progress=False", *args, timeout=180)
 
 
 def test_the_docs_list_exactly_the_fields_that_may_differ_after_a_resume():

@@ -17,6 +17,7 @@ import pytest
 from fedpsa_jax import io, sweep
 from fedpsa_jax.sim import runner
 from fedpsa_lab import paper
+import forked_launch
 from helpers import _tiny_sweep, ROOT
 
 
@@ -159,14 +160,14 @@ def test_ray_executor_gives_the_local_executor_results(tmp_path, monkeypatch):
 
 
 def test_launch_sweep_rejects_a_run_config(tmp_path):
-  done = _launch("--mode=sweep", "--config=configs/default.py", f"--workdir={tmp_path / 'x'}")
+  done = forked_launch.launch("--mode=sweep", "--config=configs/default.py", f"--workdir={tmp_path / 'x'}")
   assert done.returncode == 2
   assert "--config" in done.stderr and "not a sweep config" in done.stderr and "configs/paper/table1.py" in done.stderr
-  done = _launch("--mode=report")
+  done = forked_launch.launch("--mode=report")
   assert done.returncode == 2 and "--workdir is required" in done.stderr
-  done = _launch("--mode=sweep", "--config=configs/paper/table9.py", f"--workdir={tmp_path / 'y'}")
+  done = forked_launch.launch("--mode=sweep", "--config=configs/paper/table9.py", f"--workdir={tmp_path / 'y'}")
   assert done.returncode == 2 and "no such file" in done.stderr and "table1.py" in done.stderr
-  done = _launch("--mode=sweep", "--config=configs/paper/table1.py:smoke", f"--workdir={tmp_path / 'z'}",
+  done = forked_launch.launch("--mode=sweep", "--config=configs/paper/table1.py:smoke", f"--workdir={tmp_path / 'z'}",
                  "--executor=ray", "--ray_gpus_per_member=2")
   assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == (
       "--ray_gpus_per_member=2.0 is invalid; allowed: a number from 0 to 1 (each member's share of one GPU; 0: no GPU)")
@@ -177,7 +178,7 @@ def test_launch_sweep_rejects_a_run_config(tmp_path):
 def test_launch_refuses_a_second_sweep_on_the_same_workdir_in_one_line(tmp_path):
   workdir = str(tmp_path / "sweep")
   with sweep.locked(workdir, "table1"):
-    done = _launch("--mode=sweep", "--config=configs/paper/table1.py:smoke", f"--workdir={workdir}")
+    done = forked_launch.launch("--mode=sweep", "--config=configs/paper/table1.py:smoke", f"--workdir={workdir}")
   assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
   absl_log = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")  # (INFO lines of JAX and absl)
   lines = [line for line in done.stderr.splitlines() if line.strip() and not absl_log.match(line)]
