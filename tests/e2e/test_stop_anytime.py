@@ -18,14 +18,15 @@ import pytest
 
 from fedpsa_jax import io
 from fedpsa_jax.sim import runner
+import forked_launch
 from helpers import once_per_session, ROOT, set_fields
 from test_checkpoint import outputs
 
 # The paper's CNN (its client update is the longest compile of a run), small: the first evaluation, then the
-# first client updates compile; a checkpoint every evaluation. One local epoch: the programs that compile are the same
-# (a CNN's client update on a CPU is one compiled SGD step, called once per batch) and each launch trains a fifth
-# as long.
-OVERRIDES = {"partition.num_clients": 10, "sim.virtual_days": 0.01, "eval.every_days": 0.005,
+# first client updates compile, then one evaluation interval of training ends the run with its evaluation and
+# checkpoint. One local epoch and one interval: the programs that compile are the same (a CNN's client update on a
+# CPU is one compiled SGD step, called once per batch), and each rerun trains no longer than it must.
+OVERRIDES = {"partition.num_clients": 10, "sim.virtual_days": 0.005, "eval.every_days": 0.005,
              "checkpoint.every_days": 0.005, "runtime.progress": False, "output.events": True,
              "local.epochs": 1}
 STOPPED = "stopped (status 'interrupted'); rerun the same command to resume from the last checkpoint"
@@ -37,12 +38,12 @@ def run_config():
   return set_fields(default.get_config(), OVERRIDES)
 
 
-def launch(workdir, cache: bool) -> subprocess.Popen:
-  """launch.py on the config above; `cache=False`: without the session's compilation cache (the compiles a
-  signal must meet are real ones)."""
+def launch(workdir) -> subprocess.Popen:
+  """launch.py on the config above, a process of its own without the session's compilation cache: the compiles
+  a signal must meet are real ones, and the libraries load in it (the rerun, with the cache, is a child of
+  tests/forked_launch.py's server)."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  if not cache:
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
   args = [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
   return subprocess.Popen([sys.executable, "launch.py", "--config=configs/default.py", *args, f"--workdir={workdir}"],
                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -69,12 +70,12 @@ MOMENTS = {
     "compiling": (lambda w: _metrics_lines(w) >= 1, 0.5),  # after the first evaluation: client updates compile
     "compiling later": (lambda w: _metrics_lines(w) >= 1, 2.0),
 }
+# Each moment once, and the compiles twice: SIGTERM alone, and a Ctrl-C with the scheduler's SIGTERM after it.
 CASES = [
     ("importing", [signal.SIGINT, signal.SIGTERM]),
     ("building", [signal.SIGTERM]),
-    ("compiling", [signal.SIGTERM]),
-    ("compiling later", [signal.SIGTERM]),
     ("compiling", [signal.SIGINT, signal.SIGTERM]),
+    ("compiling later", [signal.SIGTERM]),
 ]
 
 
@@ -84,7 +85,7 @@ def test_a_stop_at_any_moment_is_one_line_its_code_and_a_rerun_completes_the_run
                                                                                 uninterrupted):
   workdir = tmp_path / "run"
   ready, delay = MOMENTS[moment]
-  proc = launch(workdir, cache=False)
+  proc = launch(workdir)
   deadline = time.monotonic() + 240
   while not ready(workdir) and proc.poll() is None and time.monotonic() < deadline:
     time.sleep(0.005)
@@ -106,9 +107,9 @@ def test_a_stop_at_any_moment_is_one_line_its_code_and_a_rerun_completes_the_run
   assert lines[0] == f"interrupted by {first.name}: {STOPPED}"
   if os.path.exists(workdir / "summary.json"):
     assert io.read_summary(workdir)["status"] == "interrupted"
-  rerun = launch(workdir, cache=True)
-  _, err = rerun.communicate(timeout=300)
-  assert rerun.returncode == 0, err[-3000:]
+  args = [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+  rerun = forked_launch.launch("--config=configs/default.py", *args, f"--workdir={workdir}", timeout=300)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert outputs(workdir) == uninterrupted
 
 
