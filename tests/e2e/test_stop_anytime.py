@@ -23,10 +23,10 @@ from helpers import once_per_session, ROOT, set_fields
 from test_checkpoint import outputs
 
 # The paper's CNN (its client update is the longest compile of a run), small: the first evaluation, then the
-# first client updates compile, then one evaluation interval of training ends the run with its evaluation and
-# checkpoint. One local epoch and one interval: the programs that compile are the same (a CNN's client update on a
-# CPU is one compiled SGD step, called once per batch), and each rerun trains no longer than it must.
-OVERRIDES = {"partition.num_clients": 10, "sim.virtual_days": 0.005, "eval.every_days": 0.005,
+# first client updates compile; a checkpoint every evaluation, and the first server round in the second interval.
+# One local epoch: the programs that compile are the same (a CNN's client update on a CPU is one compiled SGD step,
+# called once per batch) and each launch trains a fifth as long.
+OVERRIDES = {"partition.num_clients": 10, "sim.virtual_days": 0.01, "eval.every_days": 0.005,
              "checkpoint.every_days": 0.005, "runtime.progress": False, "output.events": True,
              "local.epochs": 1}
 STOPPED = "stopped (status 'interrupted'); rerun the same command to resume from the last checkpoint"
@@ -83,6 +83,7 @@ CASES = [
                                          for m, s in CASES])
 def test_a_stop_at_any_moment_is_one_line_its_code_and_a_rerun_completes_the_run(moment, sent, tmp_path,
                                                                                 uninterrupted):
+  assert uninterrupted["summary"]["rounds"] >= 1  # (what the rerun must reach includes a server round)
   workdir = tmp_path / "run"
   ready, delay = MOMENTS[moment]
   proc = launch(workdir)
