@@ -300,6 +300,14 @@ def almu_payload(apply_fn: Callable, names: tuple[str, ...], num_classes: int, p
   return {"sent": sent, "local": local}
 
 
+# One compiled program per model and setting in a process, which all its runs share (a sweep's members, a notebook's
+# runs): the arguments before the parameters are static, `apply_fn` the model's `apply`, equal across runs
+# (models.get_model).
+_compiled_payload = jax.jit(almu_payload, static_argnames=(
+    "apply_fn", "names", "num_classes", "per_class", "num_pairs", "alpha_round", "alpha_acc", "use_almu",
+    "accuracy_data", "lir_kind", "batch_size", "upload_when", "rank_gated"))
+
+
 # --- AGMA (server) ----------------------------------------------------------------------------------
 
 
@@ -452,10 +460,10 @@ class AiFed(Strategy):
     if self.ranked:
       largest = int(np.argmax(self._layer_bytes))
       gated = tuple(h.rank_layers == "all" or l == largest for l in range(len(self._names)))
-    self._payload = jax.jit(functools.partial(
-        almu_payload, self.ctx.apply_fn, self._names, self.ctx.num_classes, int(h.stimuli_per_class),
+    self._payload = functools.partial(
+        _compiled_payload, self.ctx.apply_fn, self._names, self.ctx.num_classes, int(h.stimuli_per_class),
         int(h.num_pairs), float(h.alpha_round), float(h.alpha_acc), self.use_almu, h.accuracy_data, h.lir,
-        int(h.accuracy_batch_size), h.upload_when, gated))
+        int(h.accuracy_batch_size), h.upload_when, gated)
     self.client = ClientSide(payload=self._client_payload)
 
   def init(self, params: Params) -> AiFedState:

@@ -168,6 +168,11 @@ def client_statistics(apply_fn, params_start: Params, params_end: Params, x_all,
   return {"counts": counts, "prototypes": sums1 / per_class, "v": v, "h": p[:, None] * mu}
 
 
+# One compiled program per model, class count and batch size in a process, which all its runs share (a sweep's
+# members, a notebook's runs): `apply_fn` is the model's `apply`, equal across runs (models.get_model).
+_compiled_statistics = jax.jit(client_statistics, static_argnums=(0,), static_argnames=("num_classes", "batch_size"))
+
+
 # --- server side ------------------------------------------------------------------------------------
 
 
@@ -274,9 +279,8 @@ class FedPAC(Strategy):
     super().__init__(hparams, ctx)
     if ctx.model_name not in models.FEATURE_MODELS:
       raise ValueError(f"model.name={ctx.model_name!r} is invalid for method=fedpac: {NO_EXTRACTOR}")
-    self._statistics = jax.jit(functools.partial(
-        client_statistics, ctx.apply_fn, num_classes=ctx.num_classes,
-        batch_size=int(self.hparams.stats_batch_size)))
+    self._statistics = functools.partial(_compiled_statistics, ctx.apply_fn, num_classes=ctx.num_classes,
+                                         batch_size=int(self.hparams.stats_batch_size))
     self.client = ClientSide(loss=AlignmentLoss(float(self.hparams.lam)), payload=self._client_payload)
     self._sizes = jnp.asarray(ctx.client_sizes, jnp.float32)
     self._layer = models.classifier_layer(ctx.params_shape)  # the classifier's name

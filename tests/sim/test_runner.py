@@ -243,22 +243,25 @@ def test_phase_timing_waits_at_every_event():
   assert len(waits) >= 2 * (sim.loop.client_updates - updates)
 
 
-# The local training programs (loop executor: rolled for a model without convolutions, else unrolled).
-_TRAINING = ("jit(_run_job)", "jit(_run_batches)")
+# The client side's programs: local training (loop executor: rolled for a model without convolutions, else
+# unrolled) and the payloads computed beside it (FedPAC's statistics, AiFed's layer masks).
+_CLIENT = ("jit(_run_job)", "jit(_run_batches)", "jit(client_statistics)", "jit(almu_payload)")
 
 
 @pytest.mark.slow  # (two short runs each, 2-4 s)
-@pytest.mark.parametrize("method,model", [("fedbuff", "linear"), ("fedasync", "linear"), ("fedpac", "tiny_mlp")])
+@pytest.mark.parametrize("method,model", [("fedbuff", "linear"), ("fedasync", "linear"), ("fedpac", "tiny_mlp"),
+                                          ("aifed", "tiny_mlp")])
 def test_a_second_run_in_a_process_compiles_no_local_training_again(method, model):
   """Runs of one model and local setup build equal local trainers (one model instance per kind; FedAsync's
-  proximal term and FedPAC's loss are values, not closures), so a process compiles their local training once
-  however many runs it builds: a sweep's members, a notebook's runs."""
+  proximal term and FedPAC's loss are values, not closures) and share the compiled payloads (module-level jits
+  with static settings), so a process compiles a client's work once however many runs it builds: a sweep's
+  members, a notebook's runs."""
   jax.clear_caches()  # (this process may have compiled them already)
   counts = []
   for _ in range(2):  # one after the other (a run's compile counter counts the whole process's compiles)
     sim = runner.Simulation(small_config(method, model=model, days=0.006))
     sim.run_until(0.006)
     assert sim.loop.client_updates > 0
-    counts.append(sum(sim.compiles.by_function[name] for name in _TRAINING))
+    counts.append(sum(sim.compiles.by_function[name] for name in _CLIENT))
     sim.close()
   assert counts[0] > 0 and counts[1] == 0, counts
