@@ -28,6 +28,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 LAUNCH = os.path.join(ROOT, "launch.py")
 
+
 class _Server:
   """The server process of this xdist worker, and its replies read line by line (unbuffered: `select` must see
   every line that has not been read yet)."""
