@@ -116,7 +116,7 @@ def start(*args: str, cwd: str = ROOT) -> Child:
     _server = _Server()
   if _server.child is not None:  # (left running by a test that failed: the server waits for it)
     _server.child.kill()
-    _server.child.wait()
+    _server.child.communicate()  # (its reply read, its output folder removed)
   return Child(_server, list(args), cwd)
 
 

@@ -29,6 +29,7 @@ from test_checkpoint import outputs
 OVERRIDES = {"partition.num_clients": 10, "sim.virtual_days": 0.01, "eval.every_days": 0.005,
              "checkpoint.every_days": 0.005, "runtime.progress": False, "output.events": True,
              "local.epochs": 1}
+ARGS = ["--config=configs/default.py", *(f"--config.{k}={v}" for k, v in OVERRIDES.items())]  # launch.py's
 STOPPED = "stopped (status 'interrupted'); rerun the same command to resume from the last checkpoint"
 
 
@@ -44,8 +45,7 @@ def launch(workdir) -> subprocess.Popen:
   tests/forked_launch.py's server)."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
-  args = [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
-  return subprocess.Popen([sys.executable, "launch.py", "--config=configs/default.py", *args, f"--workdir={workdir}"],
+  return subprocess.Popen([sys.executable, "launch.py", *ARGS, f"--workdir={workdir}"],
                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -108,8 +108,7 @@ def test_a_stop_at_any_moment_is_one_line_its_code_and_a_rerun_completes_the_run
   assert lines[0] == f"interrupted by {first.name}: {STOPPED}"
   if os.path.exists(workdir / "summary.json"):
     assert io.read_summary(workdir)["status"] == "interrupted"
-  args = [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
-  rerun = forked_launch.launch("--config=configs/default.py", *args, f"--workdir={workdir}", timeout=300)
+  rerun = forked_launch.launch(*ARGS, f"--workdir={workdir}", timeout=300)
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert outputs(workdir) == uninterrupted
 

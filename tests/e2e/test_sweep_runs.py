@@ -167,8 +167,8 @@ def test_launch_sweep_rejects_a_run_config(tmp_path):
   assert done.returncode == 2 and "--workdir is required" in done.stderr
   done = forked_launch.launch("--mode=sweep", "--config=configs/paper/table9.py", f"--workdir={tmp_path / 'y'}")
   assert done.returncode == 2 and "no such file" in done.stderr and "table1.py" in done.stderr
-  done = forked_launch.launch("--mode=sweep", "--config=configs/paper/table1.py:smoke", f"--workdir={tmp_path / 'z'}",
-                 "--executor=ray", "--ray_gpus_per_member=2")
+  done = forked_launch.launch("--mode=sweep", "--config=configs/paper/table1.py:smoke",
+                              f"--workdir={tmp_path / 'z'}", "--executor=ray", "--ray_gpus_per_member=2")
   assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == (
       "--ray_gpus_per_member=2.0 is invalid; allowed: a number from 0 to 1 (each member's share of one GPU; 0: no GPU)")
   assert not any(os.path.exists(tmp_path / name) for name in ("x", "y", "z"))
