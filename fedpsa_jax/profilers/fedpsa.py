@@ -31,11 +31,7 @@ def profile(profiler: Any, calibration_sizes: Sequence[int] = CALIBRATION_SIZES)
     reference = lambda p, x, y: sensitivity.fisher_diagonal(apply_fn, p, x, y, chunk_size=chunk, method="per_sample")
     profiler.add_on_batch("fisher_per_sample", reference, x, y, calibration=size, chunk=chunk)
     if fisher.flax_module_of(apply_fn) is not None:
-      factored = lambda p, x, y: fisher.gradient_and_fisher(apply_fn, p, x, y)
-      loop_free = lambda p, x, y: fisher.gradient_and_fisher(apply_fn, p, x, y, conv_loop="batched")
-      cost = profiler.cost(loop_free, params, x, y)
-      cost["temp_bytes"] = profiler.cost(factored, params, x, y)["temp_bytes"]  # the path that runs
-      profiler.add("fisher_factored", cost, functools.partial(jax.jit(factored), params, x, y), calibration=size)
+      add_fisher_factored(profiler, size)
     eq8 = lambda p, x, y: sensitivity.sensitivity(apply_fn, p, x, y, chunk_size=chunk, method=c.runtime.fisher)
     profiler.add_on_batch("sensitivity_eq8", eq8, x, y, calibration=size, note="g + Fisher + Eq. 8")
   # The run's own pieces: its strategy's R (per-leaf blocks) and calibration batch, and the compiled functions
@@ -60,3 +56,16 @@ def profile(profiler: Any, calibration_sizes: Sequence[int] = CALIBRATION_SIZES)
   profiler.add("client_sensitivity_sketch", profiler.cost(whole, params, R, x, y),
                functools.partial(strategy.client.payload, params, params), calibration=c.fedpsa.calibration_size,
                note=f"Fisher path {sensitivity.resolve_fisher_method(apply_fn, c.runtime.fisher)}")
+
+
+def add_fisher_factored(profiler: Any, size: int) -> None:
+  """The `fisher_factored` row at calibration size `size` (a Flax model's factored Fisher, `fisher.py`): timed on
+  the path that runs, costed on its loop-free twin (`conv_loop='batched'`: the same matmuls, unrolled), since XLA
+  counts a loop body once."""
+  apply_fn, params = profiler.apply_fn, profiler.params
+  x, y = calibration_batch(profiler.sim.strategy.ctx, profiler.config.fedpsa.calibration, size)
+  factored = lambda p, x, y: fisher.gradient_and_fisher(apply_fn, p, x, y)
+  loop_free = lambda p, x, y: fisher.gradient_and_fisher(apply_fn, p, x, y, conv_loop="batched")
+  cost = profiler.cost(loop_free, params, x, y)
+  cost["temp_bytes"] = profiler.cost(factored, params, x, y)["temp_bytes"]  # the path that runs
+  profiler.add("fisher_factored", cost, functools.partial(jax.jit(factored), params, x, y), calibration=size)
