@@ -43,9 +43,14 @@ TFDS_STATS = {  # name: (num_classes, mean, std), the usual constants, typed in 
 MOCK_EXAMPLES = 150
 
 
-def _raw_split(name: str, split: str) -> tuple[np.ndarray, np.ndarray]:
-  """The raw mock records of one split, read independently of `sources`."""
-  ds = tfds.data_source(name, split=split)
+def _raw_split(name: str, split: str, scratch: str) -> tuple[np.ndarray, np.ndarray]:
+  """The raw mock records of one split, read independently of `sources`. tfds leaves an empty `tmp*tfds` folder
+  in the system's temporary folder each time it opens a dataset that is not prepared: `scratch` takes it."""
+  previous, tempfile.tempdir = tempfile.tempdir, scratch
+  try:
+    ds = tfds.data_source(name, split=split)
+  finally:
+    tempfile.tempdir = previous
   images = np.stack([ds[i]["image"] for i in range(len(ds))])
   labels = np.array([int(ds[i]["label"]) for i in range(len(ds))])
   return images, labels
@@ -57,11 +62,11 @@ def _denormalise(x: np.ndarray, mean, std) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", list(TFDS_STATS))
-def test_tfds_official_split(name):
+def test_tfds_official_split(name, tmp_path):
   num_classes, mean, std = TFDS_STATS[name]
   with tfds.testing.mock_data(num_examples=MOCK_EXAMPLES):
-    raw_x, raw_y = _raw_split(name, "train")
-    raw_xt, raw_yt = _raw_split(name, "test")
+    raw_x, raw_y = _raw_split(name, "train", str(tmp_path))
+    raw_xt, raw_yt = _raw_split(name, "test", str(tmp_path))
     data = sources.load_dataset(name, test_split="official", rng=np.random.default_rng(0))
   assert data.name == name and data.num_classes == num_classes
   assert data.x_train.dtype == np.float32 and data.y_train.dtype == np.int32
@@ -80,11 +85,11 @@ def test_tfds_official_split(name):
 
 
 @pytest.mark.parametrize("name", list(TFDS_STATS))
-def test_tfds_holdout_is_stratified_and_conserves_the_pool(name):
+def test_tfds_holdout_is_stratified_and_conserves_the_pool(name, tmp_path):
   num_classes, mean, std = TFDS_STATS[name]
   with tfds.testing.mock_data(num_examples=MOCK_EXAMPLES):
-    raw_x, raw_y = _raw_split(name, "train")
-    raw_xt, raw_yt = _raw_split(name, "test")
+    raw_x, raw_y = _raw_split(name, "train", str(tmp_path))
+    raw_xt, raw_yt = _raw_split(name, "test", str(tmp_path))
     data = sources.load_dataset(name, rng=np.random.default_rng(0))
     again = sources.load_dataset(name, rng=np.random.default_rng(0))
   pool_y = np.concatenate([raw_y, raw_yt])
