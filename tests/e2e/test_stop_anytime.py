@@ -146,8 +146,7 @@ def test_an_unreadable_newest_checkpoint_is_one_line_and_exit_2(tmp_path):
   if setpriv is None or os.geteuid() != 0:
     pytest.skip("needs root and setpriv (to drop root's permission override), or a user who is not root")
   workdir = tmp_path / "run"
-  done = subprocess.run([sys.executable, "launch.py", *TINY, f"--workdir={workdir}"], cwd=ROOT, capture_output=True,
-                        text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  done = forked_launch.launch(*TINY, f"--workdir={workdir}", timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   newest = max((workdir / "checkpoints").iterdir(), key=lambda p: int(p.name))
   os.chmod(newest, 0)
