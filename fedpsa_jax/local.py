@@ -73,6 +73,25 @@ def epoch_orders(key: jax.Array, num_samples: jax.Array, max_samples: int, epoch
   return jax.vmap(one_epoch)(jax.random.split(key, epochs))
 
 
+def training_width(max_samples: int) -> int:
+  """The width of the index rows local training reads: the next power of two >= the largest client's size.
+
+  Local training's programs are compiled per row width (the shuffle's and every step's shapes). Rounded up, the
+  runs whose largest client differs (another α, seed or dataset size) share them: a sweep's members, a
+  notebook's runs and the test suite compile a client update once per width rather than once per partition.
+  The width never changes a result: the padding positions sort after the real ones in every epoch's order and
+  are masked out of every batch, and the shuffle's draw for a real position does not depend on the row's
+  length (JAX's partitionable Threefry, its default, draws element i from counter i)."""
+  return 1 << max(int(max_samples) - 1, 0).bit_length()
+
+
+def training_rows(client_indices: jax.Array) -> jax.Array:
+  """The client index table [N, max_n] padded with index 0 to [N, training_width(max_n)]: the rows local training
+  reads (a strategy's payloads read the table itself, whose width their own numbers may depend on)."""
+  width = training_width(client_indices.shape[1])
+  return jnp.pad(client_indices, ((0, 0), (0, width - client_indices.shape[1])))
+
+
 def _masked_mean_loss(apply_fn, params, x, y, mask):
   losses = optax.softmax_cross_entropy_with_integer_labels(apply_fn(params, x), y)
   return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)

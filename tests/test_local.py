@@ -104,6 +104,45 @@ def test_epoch_orders_are_fresh_permutations_with_padding_last():
   assert not (np.array_equal(orders[0], orders[1]) and np.array_equal(orders[1], orders[2]))
 
 
+@pytest.mark.parametrize("max_n, width", [(1, 1), (2, 2), (3, 4), (64, 64), (65, 128), (1000, 1024)])
+def test_training_width_is_the_next_power_of_two(max_n, width):
+  assert local.training_width(max_n) == width
+  table = jnp.arange(3 * max_n, dtype=jnp.int32).reshape(3, max_n)
+  rows = local.training_rows(table)
+  assert rows.shape == (3, width) and rows.dtype == jnp.int32
+  np.testing.assert_array_equal(rows[:, :max_n], table)
+  assert not np.asarray(rows[:, max_n:]).any()  # padded with index 0, as the table itself
+
+
+def _bits(tree) -> list[np.ndarray]:
+  return [np.asarray(leaf) for leaf in jax.tree.leaves(tree)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["unrolled", "rolled"])
+def test_a_client_update_is_the_same_bits_at_any_row_width(problem, loop):
+  """What makes padding the rows to `training_width` safe: one job, and a batch of two, trained from a row of 100
+  and from the same row padded to 256, give bitwise equal parameters (70 samples: a partial batch)."""
+  model, params, x, y, index_row = problem
+  trainer = local.LocalTrainer(model.apply, batch_size=32, epochs=2, loop=loop)
+  key = jax.random.key(2)
+  widths = (100, 256)
+  rows = {w: jnp.pad(index_row, (0, w - index_row.shape[0])) for w in widths}
+  jobs = {w: _bits(train(trainer, params, x, y, rows[w], 70, np.float32(0.1), key)) for w in widths}
+  stacked = jax.tree.map(lambda p: jnp.stack([p, p]), params)
+  keys, sizes = jax.random.split(key), jnp.asarray([70, 45], jnp.int32)
+  batches = {w: _bits(trainer.train_batch(stacked, x_all=x, y_all=y, index_rows=jnp.stack([rows[w], rows[w]]),
+                                          num_samples=sizes, lr=jnp.full(2, 0.1, jnp.float32), keys=keys,
+                                          total_steps=local.num_local_steps(70, 32, 2)))
+             for w in widths}
+  for w in widths[1:]:
+    for a, b in zip(jobs[widths[0]], jobs[w]):
+      np.testing.assert_array_equal(a, b)
+    for a, b in zip(batches[widths[0]], batches[w]):
+      np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(jobs[100][0], _bits(params)[0])  # (training moved the parameters)
+
+
 @pytest.mark.parametrize("total", [0, 1, 5, 10, 16, 17, 31, 100])
 def test_chunks_cover_steps_exactly_with_few_shapes(total):
   trainer = local.LocalTrainer(lambda p, x: x, 1, 1, max_unroll=16)

@@ -160,8 +160,11 @@ class ClientExecutor:
     self.train_seconds = 0.0
     self.stats = ExecutionStats()
     self.home = fed.home  # where the data and the server state live
-    # Each client's index row, sliced once (slicing the table per job is an eager gather: host time per job).
+    # Each client's index row, sliced once (slicing the table per job is an eager gather: host time per job):
+    # as the strategy's payloads read it, and padded to the width local training compiles for.
     self.client_rows = list(fed.client_indices)
+    self.train_table = local.training_rows(fed.client_indices)
+    self.train_rows = list(self.train_table)
 
   def submit(self, job: Job) -> None:
     raise NotImplementedError
@@ -238,11 +241,11 @@ class LoopExecutor(ClientExecutor):
     self.arrival_order: list[tuple[int, int, int]] = []
     self.issued: dict[int, tuple[Job, Params, jax.Device]] = {}  # job id -> (job, trained params, device)
     self.device_jobs = dict.fromkeys(self.devices, 0)  # jobs given to each device so far (`_issue`)
-    server_data = (fed.x_train, fed.y_train, fed.client_indices)
+    server_data = (fed.x_train, fed.y_train, self.train_table)
     self.device_data = {d: server_data if d == self.home else place_data(server_data, d) for d in self.devices}
     # Each client's index row on each device, sliced once here: slicing the table per job is an eager
     # gather (host time per job).
-    self.device_rows = {d: self.client_rows if d == self.home else list(data[2])
+    self.device_rows = {d: self.train_rows if d == self.home else list(data[2])
                         for d, data in self.device_data.items()}
     # The clients' key on each device: a job's shuffle is drawn where it trains (fold_in(key, job id)).
     self.device_keys = {d: jax.device_put(clients_key, d) for d in self.devices}
@@ -378,7 +381,7 @@ class BatchedExecutor(ClientExecutor):
     params_start = _stack([j.params_start for j in padded])
     aux = _stack([j.aux for j in padded]) if jax.tree.leaves(batch[0].aux) else batch[0].aux
     keys = _job_keys(self.clients_key, jnp.asarray([j.dispatch.job_id for j in padded], jnp.uint32))
-    per_client = (params_start, jnp.take(self.fed.client_indices, jnp.asarray(clients), axis=0), jnp.asarray(sizes),
+    per_client = (params_start, jnp.take(self.train_table, jnp.asarray(clients), axis=0), jnp.asarray(sizes),
                   jnp.asarray([j.lr for j in padded], jnp.float32), keys, aux)
     if self.mesh is not None:  # each device gets its share of the clients
       per_client = jax.device_put(per_client, self.split)

@@ -217,8 +217,11 @@ def test_run_metrics_do_not_depend_on_the_backend(tmp_path):
 def test_nothing_compiles_inside_the_loop_once_warm(method):
   """Equal-size clients (iid): once every code path has run (FedPSA: its queue of L_q = 50 κ filled,
   so the thermometer is on), the next ~100 client updates compile nothing (no jit cache rebuilt per event)."""
-  jax.clear_caches()  # (a run this process made earlier may have compiled them all: count this run's own)
-  sim = runner.Simulation(small_config(method, days=0.05, partition__method="iid", runtime__execution="loop"))
+  # A batch size no other test uses, one per method (and at most 8: every partial batch has B rows), so that
+  # this run compiles its client update itself, whatever this process ran before (jax.clear_caches() would
+  # make every later test of this worker trace again).
+  sim = runner.Simulation(small_config(method, days=0.05, partition__method="iid", runtime__execution="loop",
+                                       local__batch_size={"fedbuff": 3, "fedpsa": 4}[method]))
   sim.run_until(0.02)
   warm, updates = sim.compiles.count, sim.loop.client_updates
   assert warm > 0 and updates > 50
@@ -432,7 +435,7 @@ print(json.dumps({{"home": ex.home.id, "devices": [d.id for d in ex.devices], "t
                                              for d in x.devices()}}), "loop": _checksums(results),
                   "data": [[x.unsafe_buffer_pointer() for x in ex.device_data[d]] for d in ex.devices],
                   "home_data": [x.unsafe_buffer_pointer() for x in (sim.fed.x_train, sim.fed.y_train,
-                                                                    sim.fed.client_indices)]}}))
+                                                                    ex.train_table)]}}))
 sim.run_until(0.02)
 trainer = sim.executor.trainer
 # The local training programs the clients' sizes call for: rolled, one per partial-batch size; unrolled, one

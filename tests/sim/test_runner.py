@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from jax._src import array as jax_array
 
-from fedpsa_jax import io, metrics
+from fedpsa_jax import io, local, metrics
 from fedpsa_jax.sim import runner
 from helpers import small_config
 
@@ -248,6 +248,27 @@ def test_phase_timing_waits_at_every_event():
 _CLIENT = ("jit(_run_job)", "jit(_run_batches)", "jit(client_statistics)", "jit(almu_payload)")
 
 
+def _client_compiles_of_runs(configs) -> tuple[list[int], list[int]]:
+  """(the client programs (`_CLIENT`) each run of `configs` compiled, each run's largest client), the runs built
+  one after the other in this process (a run's compile counter counts the whole process's compiles)."""
+  counts, largest = [], []
+  for c in configs:
+    sim = runner.Simulation(c)
+    sim.run_until(c.sim.virtual_days)
+    assert sim.loop.client_updates > 0
+    counts.append(sum(sim.compiles.by_function[name] for name in _CLIENT))
+    largest.append(int(np.max(sim.fed.client_sizes)))
+    sim.close()
+  return counts, largest
+
+
+# Batch sizes no other test uses: the first run of each test below compiles its client programs in this process
+# whatever ran before it (where jax.clear_caches() would make every later test of this worker trace again). At
+# most 8, so that every client's partial batch has B rows (`LocalTrainer.epoch_plan`): the programs a run needs
+# do not depend on which clients its few updates happen to train.
+_OWN_BATCH, _OTHER_OWN_BATCH = {"local__batch_size": 7}, {"local__batch_size": 6}
+
+
 @pytest.mark.slow  # (two short runs each, 2-4 s)
 @pytest.mark.parametrize("method,model", [("fedbuff", "linear"), ("fedasync", "linear"), ("fedpac", "tiny_mlp"),
                                           ("aifed", "tiny_mlp")])
@@ -256,12 +277,15 @@ def test_a_second_run_in_a_process_compiles_no_local_training_again(method, mode
   proximal term and FedPAC's loss are values, not closures) and share the compiled payloads (module-level jits
   with static settings), so a process compiles a client's work once however many runs it builds: a sweep's
   members, a notebook's runs."""
-  jax.clear_caches()  # (this process may have compiled them already)
-  counts = []
-  for _ in range(2):  # one after the other (a run's compile counter counts the whole process's compiles)
-    sim = runner.Simulation(small_config(method, model=model, days=0.006))
-    sim.run_until(0.006)
-    assert sim.loop.client_updates > 0
-    counts.append(sum(sim.compiles.by_function[name] for name in _CLIENT))
-    sim.close()
+  counts, _ = _client_compiles_of_runs([small_config(method, model=model, days=0.006, **_OWN_BATCH)] * 2)
+  assert counts[0] > 0 and counts[1] == 0, counts
+
+
+@pytest.mark.slow
+def test_runs_whose_largest_client_differs_share_local_training():
+  """Local training reads the clients' rows padded to a power-of-two width (`local.training_width`), so another
+  partition (another α here: a sweep's members) whose largest client differs compiles no client update again."""
+  configs = [small_config("fedbuff", days=0.006, partition__alpha=alpha, **_OTHER_OWN_BATCH) for alpha in (1.0, 0.5)]
+  counts, largest = _client_compiles_of_runs(configs)
+  assert largest[0] != largest[1] and local.training_width(largest[0]) == local.training_width(largest[1]), largest
   assert counts[0] > 0 and counts[1] == 0, counts
