@@ -24,12 +24,13 @@ from test_checkpoint import outputs
 
 # The paper's CNN (its client update is the longest compile of a run), small: the first evaluation, then the
 # first client updates compile; a checkpoint every evaluation, two client updates and a server round (a FedPSA
-# buffer of 2). One local epoch: the programs that compile are the same (a CNN's client update on a CPU is one
-# compiled SGD step, called once per batch), and each launch trains a fifth as long; the rerun and the
-# uninterrupted run are mostly those SGD steps, slow at the suite's compiler level (docs/testing.md).
-OVERRIDES = {"partition.num_clients": 10, "sim.virtual_days": 0.005, "eval.every_days": 0.0025,
-             "checkpoint.every_days": 0.0025, "runtime.progress": False, "output.events": True,
-             "local.epochs": 1, "fedpsa.buffer_size": 2}
+# buffer of 2). One local epoch of a small client (40 clients of ~112 samples, 2 of them in flight): the programs
+# that compile are the same (a CNN's client update on a CPU is one compiled SGD step, called once per batch), and
+# each update is two SGD steps; the rerun and the uninterrupted run are mostly those steps, slow at the suite's
+# compiler level (docs/testing.md).
+OVERRIDES = {"partition.num_clients": 40, "sim.concurrency": 0.05, "sim.virtual_days": 0.005,
+             "eval.every_days": 0.0025, "checkpoint.every_days": 0.0025, "runtime.progress": False,
+             "output.events": True, "local.epochs": 1, "fedpsa.buffer_size": 2}
 ARGS = ["--config=configs/default.py", *(f"--config.{k}={v}" for k, v in OVERRIDES.items())]  # launch.py's
 STOPPED = "stopped (status 'interrupted'); rerun the same command to resume from the last checkpoint"
 
