@@ -16,6 +16,7 @@ but `batch_loss`/`mean_gradient` (and so `sensitivity`) differentiate through th
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable
 
 import flax
@@ -197,13 +198,29 @@ def exact_sensitivity(
   return unravel(jnp.abs(base - others))
 
 
+# R is drawn by programs compiled with XLA's default optimisation whatever XLA_FLAGS asks for: its bits then do not
+# depend on those flags (the test suite compiles at level 0, tests/conftest.py, where the normal draw gives other
+# bits in their last places), and drawing and cutting R for the paper CNN (16 x 1.66M normals) takes 1.3 s instead
+# of 8 s at level 0, most of the time it took to build a FedPSA run of it there.
+_DEFAULT_OPTIMISATION = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
+
+
+def _draw(key: jax.Array, k: int, d: int, dtype: Any) -> jax.Array:
+  return (jax.random.normal(key, (k, d), dtype) / np.sqrt(k)).astype(dtype)
+
+
+_draw_matrix = jax.jit(_draw, static_argnums=(1, 2, 3), compiler_options=_DEFAULT_OPTIMISATION)
+
+
 def projection_matrix(key: jax.Array, k: int, d: int, dtype: Any = jnp.float32) -> jax.Array:
   """The shared random projection R ∈ R^{k×d} of Eq. 11, entries i.i.d. N(0, 1/k).
 
   Variance 1/k makes E||Rv||² = ||v||², so sketch norms stay on the scale of the originals (only
   directions matter for κ, but the scale keeps sketches readable in logs).
   """
-  return (jax.random.normal(key, (k, d), dtype) / np.sqrt(k)).astype(dtype)
+  if isinstance(key, jax.core.Tracer):  # inside a caller's trace the draw is part of the caller's program
+    return _draw(key, k, d, dtype)
+  return _draw_matrix(key, k, d, jnp.dtype(dtype))
 
 
 def _leaf_shape(leaf: Any) -> tuple[int, ...]:
@@ -227,8 +244,17 @@ def split_projection(R: jax.Array, tree: Params) -> Params:
 def projection(key: jax.Array, k: int, tree: Params, dtype: Any = jnp.float32) -> Params:
   """Eq. 11's R for the parameters of `tree`'s structure, as `sketch` takes it: the entries of
   `projection_matrix(key, k, num_params(tree))` (the paper's N(0, 1/k)), cut into per-leaf blocks
-  (`split_projection`)."""
-  return split_projection(projection_matrix(key, k, num_params(tree), dtype), tree)
+  (`split_projection`), drawn and cut by one program."""
+  if isinstance(key, jax.core.Tracer):
+    return split_projection(projection_matrix(key, k, num_params(tree), dtype), tree)
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef.unflatten(_draw_blocks(key, k, tuple(_leaf_shape(leaf) for leaf in leaves), jnp.dtype(dtype)))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3), compiler_options=_DEFAULT_OPTIMISATION)
+def _draw_blocks(key: jax.Array, k: int, shapes: tuple[tuple[int, ...], ...], dtype: Any) -> list[jax.Array]:
+  R = _draw(key, k, sum(math.prod(shape) for shape in shapes), dtype)
+  return split_projection(R, [jax.ShapeDtypeStruct(shape, dtype) for shape in shapes])
 
 
 @flax.struct.dataclass

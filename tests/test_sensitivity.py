@@ -8,6 +8,9 @@ from the closed-form gradient x (p - onehot)^T in NumPy, flattening from a hand-
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -328,6 +331,25 @@ def test_projection_matrix_shared_and_scaled():
   n = r.size
   assert abs(r.mean()) < 5 * np.sqrt(1 / k / n)  # 5 standard errors of the mean
   assert abs(r.var() * k - 1.0) < 5 * np.sqrt(2 / n)  # 5 standard errors of the variance
+
+
+@pytest.mark.slow
+def test_projection_matrix_has_the_bits_of_xlas_default_compiler_whatever_xla_flags_say():
+  """R is drawn by a program compiled with XLA's default optimisation: a process compiling at level 0 with the
+  older emitters (this suite, tests/conftest.py) draws the bits a user's process draws (at level 0 the normal
+  draw itself gives other bits in their last places)."""
+  draw = "import sys, jax, numpy as np; from fedpsa_jax import sensitivity as S; " \
+         "sys.stdout.write(np.asarray(S.projection_matrix(jax.random.key(5), 16, 50_000)).tobytes().hex())"
+  bits = {}
+  for level, emitters in (("0", "false"), (None, None)):
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith(("--xla_backend_optimization_level", "--xla_cpu_use_fusion_emitters"))]
+    if level is not None:
+      flags += [f"--xla_backend_optimization_level={level}", f"--xla_cpu_use_fusion_emitters={emitters}"]
+    env = {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", draw], env=env, capture_output=True, text=True, check=True)
+    bits[level] = out.stdout
+  assert len(bits["0"]) == 2 * 4 * 16 * 50_000 and bits["0"] == bits[None]
 
 
 def test_sketch_is_R_times_ravel_in_pytree_order():
