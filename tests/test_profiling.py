@@ -20,8 +20,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 def test_launch_profile_writes_every_piece(tmp_path):
   workdir = tmp_path / "prof"
+  # (the per-sample Fisher in one chunk: at the default 8, its 512-sample row compiles 64 chunks, 8 s of this test)
   proc = forked_launch.launch("--config=configs/default.py", "--mode=profile", "--profile_repeats=1",
-                              "--config.model.name=linear", f"--workdir={workdir}", timeout=600)
+                              "--config.model.name=linear", "--config.runtime.fisher_chunk_size=512",
+                              f"--workdir={workdir}", timeout=600)
   assert proc.returncode == 0, proc.stderr[-2000:]
   written = json.load(open(workdir / "profile.json"))
   rows, origin = written["rows"], written["provenance"]
@@ -47,7 +49,8 @@ def test_launch_profile_writes_every_piece(tmp_path):
 @pytest.mark.slow
 def test_client_update_cost_is_steps_times_one_step():
   c = config_lib.base_config()
-  c.model.name = "mnist_cnn"
+  c.model.name = "mnist_cnn"  # (a model whose steps are most of a client update's cost)
+  c.method = "fedbuff"  # (local training only: FedPSA's build, R and its sketch program, would add 4 s)
   c.local.epochs = 2  # several full batches and a partial one per epoch; the paper's 5 only repeat them
   profiler = profiling.Profiler(c, repeats=1)
   profiler.local_training()
