@@ -200,8 +200,7 @@ def exact_sensitivity(
 
 # R is drawn by programs compiled with XLA's default optimisation whatever XLA_FLAGS asks for: its bits then do not
 # depend on those flags (the test suite compiles at level 0, tests/conftest.py, where the normal draw gives other
-# bits in their last places), and drawing and cutting R for the paper CNN (16 x 1.66M normals) takes 1.3 s instead
-# of 8 s at level 0, most of the time it took to build a FedPSA run of it there.
+# bits in their last places), and a large R is not drawn by unoptimised code (docs/testing.md has the times).
 _DEFAULT_OPTIMISATION = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
 
 
