@@ -157,7 +157,7 @@ class Profiler:
   def local_training(self) -> None:
     fed, trainer = self.sim.fed, self.sim.executor.trainer
     client = int(np.argsort(fed.client_sizes)[len(fed.client_sizes) // 2])  # the median-sized client
-    n, row, key = int(fed.client_sizes[client]), self.sim.executor.train_rows[client], jax.random.key(0)
+    n, row, key = int(fed.client_sizes[client]), self.sim.executor.train_table[client], jax.random.key(0)
     orders = local.epoch_orders(key, jnp.int32(n), row.shape[0], trainer.epochs)
     state = local.StepState(params=self.params, anchor=self.params, lr=jnp.float32(0.01))
     data = local.ClientData(x_all=fed.x_train, y_all=fed.y_train, index_row=row, orders=orders,

@@ -160,11 +160,10 @@ class ClientExecutor:
     self.train_seconds = 0.0
     self.stats = ExecutionStats()
     self.home = fed.home  # where the data and the server state live
-    # Each client's index row, sliced once (slicing the table per job is an eager gather: host time per job):
-    # as the strategy's payloads read it, and padded to the width local training compiles for.
+    # Each client's index row, sliced once (slicing the table per job is an eager gather: host time per job), as
+    # the strategy's payloads read it; and the table padded to the width local training compiles for.
     self.client_rows = list(fed.client_indices)
     self.train_table = local.training_rows(fed.client_indices)
-    self.train_rows = list(self.train_table)
 
   def submit(self, job: Job) -> None:
     raise NotImplementedError
@@ -245,8 +244,7 @@ class LoopExecutor(ClientExecutor):
     self.device_data = {d: server_data if d == self.home else place_data(server_data, d) for d in self.devices}
     # Each client's index row on each device, sliced once here: slicing the table per job is an eager
     # gather (host time per job).
-    self.device_rows = {d: self.train_rows if d == self.home else list(data[2])
-                        for d, data in self.device_data.items()}
+    self.device_rows = {d: list(data[2]) for d, data in self.device_data.items()}
     # The clients' key on each device: a job's shuffle is drawn where it trains (fold_in(key, job id)).
     self.device_keys = {d: jax.device_put(clients_key, d) for d in self.devices}
 
