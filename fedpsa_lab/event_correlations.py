@@ -11,7 +11,12 @@ size already say. A report layout asks for it with `report.partial_correlations`
 entry and each member group of `where` the report gives Pearson's r of x and y, and their partial correlation given
 the `given` fields and a separate intercept per run (what a run shares: its data, its clients, its trajectory),
 each with a 95% percentile interval from a bootstrap over runs (`report_stats.cluster_bootstrap`): the updates of
-one run are not independent, its runs are. Written as `partial_correlations.md` / `.csv`.
+one run are not independent, its runs are. Beside them, the partial correlation computed within each run alone
+(given the same fields and the run's intercept) and averaged over the runs on Fisher's z scale, with the t-interval
+over the runs and the one-sample t-test's p, unadjusted and Holm-adjusted over the table's rows
+(`report_stats.mean_correlation`): the run (a seed) is the unit, as in every other test of the reports, and with a
+handful of runs this interval is the honest one, where a bootstrap that can draw only those few runs is too narrow.
+Written as `partial_correlations.md` / `.csv`.
 """
 
 from __future__ import annotations
@@ -53,9 +58,14 @@ def _statistics(runs: list[dict[str, np.ndarray]], x: str, y: str, given: list[s
           report_stats.partial_correlation(joined[x], joined[y], covariates, groups))
 
 
+def _run_partial(run: dict[str, np.ndarray], x: str, y: str, given: list[str]) -> float:
+  """The partial correlation of x and y given `given` (and an intercept) within one run; NaN when too short."""
+  return _statistics([run], x, y, given)[1]
+
+
 def correlation_frame(frame: pd.DataFrame, entries: list[dict[str, Any]]) -> pd.DataFrame:
   """One row per entry × member group: x, y, given, the group, runs, updates, r and the partial r with their
-  bootstrap intervals."""
+  bootstrap intervals, and the per-run partial r's mean, t-interval and p (unadjusted, and Holm over the rows)."""
   rows = []
   for entry in entries:
     x, y, given = entry["x"], entry["y"], list(entry.get("given", []))
@@ -73,22 +83,39 @@ def correlation_frame(frame: pd.DataFrame, entries: list[dict[str, Any]]) -> pd.
                                             int(entry.get("resamples", 2000)), BOOTSTRAP_SEED)
       low, high = (np.nanpercentile(boot, [2.5, 97.5], axis=0) if len(runs) > 1
                    else np.full((2, 2), math.nan))
+      per_run = [v for v in (_run_partial(run, x, y, given) for run in runs) if not math.isnan(v)]
+      over_runs = report_stats.mean_correlation(per_run)
       group = ",".join(f"{a}={v}" for a, v in zip(key_axes, key if isinstance(key, tuple) else (key,)))
       rows.append({"x": x, "y": y, "given": " + ".join(given) or "-", "group": group or "all", "runs": len(runs),
                    "updates": int(sum(len(u[x]) for u in runs)), "r": r, "r_low": low[0], "r_high": high[0],
-                   "partial_r": partial, "partial_low": low[1], "partial_high": high[1]})
-  return pd.DataFrame(rows)
+                   "partial_r": partial, "partial_low": low[1], "partial_high": high[1],
+                   "run_partial_r": over_runs.r, "run_partial_low": over_runs.low,
+                   "run_partial_high": over_runs.high, "run_partial_p": over_runs.p_value})
+  table = pd.DataFrame(rows)
+  if not table.empty:
+    table["run_partial_p_holm"] = report_stats.holm(table["run_partial_p"].to_numpy())
+  return table
 
 
 def correlations_markdown(table: pd.DataFrame, title: str) -> str:
   lines = [title, "Pearson's r over every update of the group's runs, and the partial correlation given the listed "
            "fields and an intercept per run; [a, b]: the 95% percentile interval of a bootstrap that resamples whole "
-           f"runs (seeded, {BOOTSTRAP_SEED}). An interval that excludes 0 says the association holds across runs.", "",
-           "| x | y | given | group | runs | updates | r [95%] | partial r [95%] |", "|---|---|---|---|---|---|---|---|"]
+           f"runs (seeded, {BOOTSTRAP_SEED}). Per run: the partial correlation within each run, averaged over the runs "
+           "on Fisher's z scale, with the 95% t-interval over the runs and the two-sided p of the t-test of a zero "
+           "mean, unadjusted and Holm-adjusted over this table's rows. The run is the unit of these, and the verdict "
+           "reads their Holm p at 0.05: with few runs the bootstrap, which can draw only those runs, is too narrow.",
+           "", "| x | y | given | group | runs | updates | r [95%] | partial r [95%] | per run: partial r [95%] "
+           "| p (Holm) | p (unadjusted) | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   fmt = lambda v, lo, hi: "n/a" if math.isnan(v) else f"{v:+.3f}" + ("" if math.isnan(lo) else f" [{lo:+.3f}, {hi:+.3f}]")
+  p_fmt = lambda p: "n/a" if math.isnan(p) else f"{p:.3f}"
+  verdict = lambda r: ("n/a" if math.isnan(r.run_partial_p_holm) else "within the noise"
+                       if r.run_partial_p_holm >= report_stats.SIGNIFICANCE else
+                       "positive" if r.run_partial_r > 0 else "negative")
   for _, r in table.iterrows():
     lines.append(f"| {r.x} | {r.y} | {r.given} | {r.group} | {r.runs} | {r.updates} | {fmt(r.r, r.r_low, r.r_high)} "
-                 f"| {fmt(r.partial_r, r.partial_low, r.partial_high)} |")
+                 f"| {fmt(r.partial_r, r.partial_low, r.partial_high)} "
+                 f"| {fmt(r.run_partial_r, r.run_partial_low, r.run_partial_high)} | {p_fmt(r.run_partial_p_holm)} "
+                 f"| {p_fmt(r.run_partial_p)} | {verdict(r)} |")
   return "\n".join(lines) + "\n"
 
 

@@ -156,6 +156,30 @@ def partial_correlation(x: np.ndarray, y: np.ndarray, covariates: np.ndarray,
   return float(np.corrcoef(*residuals)[0, 1])
 
 
+@dataclasses.dataclass(frozen=True)
+class CorrelationMean:
+  """The mean of n correlations, one per independent unit, with its 95% interval (both on the r scale) and the
+  two-sided p of the test of a zero mean (`mean_correlation`)."""
+
+  r: float
+  low: float
+  high: float
+  p_value: float
+  n: int
+
+
+def mean_correlation(values: Sequence[float]) -> CorrelationMean:
+  """The mean of `values` (correlations, one per unit: a run) on Fisher's z scale, z = artanh r, with the t-interval
+  over the units and the one-sample t-test of z = 0 (`one_sample`), back to r by tanh. On the z scale a correlation's
+  sampling spread does not depend on its size and the interval cannot leave (−1, 1). With few units this is the
+  honest interval: a bootstrap over n runs draws from n values only and is too narrow for small n."""
+  z = np.arctanh(np.asarray(values, float))
+  test = one_sample(z)
+  mean, half = test.diff.mean, test.diff.half_width
+  return CorrelationMean(float(np.tanh(mean)), float(np.tanh(mean - half)), float(np.tanh(mean + half)),
+                         test.p_value, len(z))
+
+
 def cluster_bootstrap(groups: Sequence[Any], statistic: Any, resamples: int, seed: int) -> np.ndarray:
   """[resamples] values of `statistic(chosen)`, each `chosen` a list of `groups` drawn with replacement (as many
   as there are): the bootstrap that resamples whole units (runs), not their rows, since the rows of one run are not
@@ -180,6 +204,6 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
   return adjusted
 
 
-__all__ = ["CONFIDENCE", "Interval", "PairedDifference", "SIGNIFICANCE", "holm", "interval", "one_sample",
-           "cluster_bootstrap", "paired_difference", "partial_correlation", "power_paired_t", "sd_upper_bound",
-           "seed_blocked", "seed_contrasts"]
+__all__ = ["CONFIDENCE", "CorrelationMean", "Interval", "PairedDifference", "SIGNIFICANCE", "cluster_bootstrap",
+           "holm", "interval", "mean_correlation", "one_sample", "paired_difference", "partial_correlation",
+           "power_paired_t", "sd_upper_bound", "seed_blocked", "seed_contrasts"]

@@ -1,5 +1,6 @@
 """Partial correlations of per-update event fields (event_correlations.py) on a fake sweep with events: the
-numbers against report_stats on the pooled updates, the groups, the bootstrap over runs and the file written."""
+numbers against report_stats on the pooled updates, the groups, the bootstrap over runs, the per-run partial
+correlations against the precision-matrix formula and scipy's t-test on Fisher's z, and the file written."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 
 import numpy as np
 import pytest
+import scipy.stats
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, sweep
@@ -61,6 +63,30 @@ def test_partial_correlation_of_the_pooled_updates_with_run_intercepts(tmp_path)
   # The true partial correlation: 0.6 · 0.1² / (0.1 · √(0.6² · 0.1² + 0.1²)) = 0.51 (κ's within-run noise is 0.1).
   assert row.partial_low <= row.partial_r <= row.partial_high and row.partial_low > 0.3 and row.partial_r == pytest.approx(0.51, abs=0.08)
   assert row.r_low <= row.r <= row.r_high
+  # Per run: each run's partial correlation by the precision-matrix formula (x, y and the two covariates; the
+  # run's intercept is the centring of the correlation matrix), averaged on Fisher's z with scipy's t-interval.
+  per_run = []
+  for kr, ar, tr, nr in runs:
+    precision = np.linalg.inv(np.corrcoef([kr, ar, tr, np.log(nr)]))
+    per_run.append(-precision[0, 1] / np.sqrt(precision[0, 0] * precision[1, 1]))
+  z = np.arctanh(per_run)
+  low, high = np.tanh(scipy.stats.t.interval(0.95, 3, loc=z.mean(), scale=scipy.stats.sem(z)))
+  assert (row.run_partial_r, row.run_partial_low, row.run_partial_high) == (
+      pytest.approx(np.tanh(z.mean()), rel=1e-9), pytest.approx(low, rel=1e-9), pytest.approx(high, rel=1e-9))
+  assert row.run_partial_p == pytest.approx(scipy.stats.ttest_1samp(z, 0.0).pvalue, rel=1e-9)
+  assert row.run_partial_p_holm == row.run_partial_p  # a family of one row
+  assert row.run_partial_low < 0.51 < row.run_partial_high
+
+
+def test_holm_runs_over_the_rows_of_the_table(tmp_path):
+  workdir, _ = _sweep_with_events(tmp_path)
+  _, frame = report.load_members(workdir)
+  unrelated = {"x": "staleness", "y": "kappa", "given": ["log:delta_sq_norm"], "where": {"method": ["fedpsa"]},
+               "resamples": 50}
+  table = event_correlations.correlation_frame(frame, [ENTRY, unrelated])
+  np.testing.assert_allclose(table["run_partial_p_holm"], report_stats.holm(table["run_partial_p"].to_numpy()),
+                             rtol=1e-12)
+  assert (table["run_partial_p_holm"] >= table["run_partial_p"]).all() and len(table) == 2
 
 
 def test_the_report_writes_partial_correlations_and_skips_members_without_the_fields(tmp_path):
@@ -70,6 +96,7 @@ def test_the_report_writes_partial_correlations_and_skips_members_without_the_fi
   assert path in written
   text = open(path).read()
   assert "| kappa | alignment | staleness + log:delta_sq_norm | method=fedpsa | 4 | 240 |" in text
+  assert text.splitlines()[-1].endswith("| positive |")  # κ's true partial correlation with alignment is 0.51
   assert "fedbuff" not in text.split("|---|")[1]
   first = open(path).read()
   report.build(workdir)

@@ -103,6 +103,23 @@ def test_the_shape_step_power_statement():
   assert report_stats.power_paired_t(0.40, 8, 1.0) > 0.99
 
 
+def test_mean_correlation_is_scipys_t_test_and_interval_on_fishers_z():
+  r = [0.12, 0.31, 0.05, 0.22, 0.18]
+  z = np.arctanh(r)
+  got = report_stats.mean_correlation(r)
+  low, high = scipy.stats.t.interval(0.95, 4, loc=np.mean(z), scale=scipy.stats.sem(z))
+  assert (got.r, got.low, got.high, got.n) == (pytest.approx(math.tanh(np.mean(z)), rel=1e-12),
+                                               pytest.approx(math.tanh(low), rel=1e-12),
+                                               pytest.approx(math.tanh(high), rel=1e-12), 5)
+  assert got.p_value == pytest.approx(scipy.stats.ttest_1samp(z, 0.0).pvalue, rel=1e-12)
+  # Correlations near 1 with a wide spread: on the r scale a t-interval would pass 1; on z it cannot.
+  near_one = report_stats.mean_correlation([0.99, 0.5, 0.95])
+  assert -1 < near_one.low < near_one.r < near_one.high < 1
+  assert float(np.mean([0.99, 0.5, 0.95]) + scipy.stats.t.ppf(0.975, 2) * scipy.stats.sem([0.99, 0.5, 0.95])) > 1
+  one = report_stats.mean_correlation([0.3])
+  assert one.r == pytest.approx(0.3) and math.isnan(one.low) and math.isnan(one.p_value)
+
+
 def test_partial_correlation_is_the_precision_matrix_formula_and_group_intercepts_are_removed():
   rng = np.random.default_rng(4)
   n = 400
