@@ -127,7 +127,9 @@ def power_paired_t(sd: float, n: int, effect: float, level: float = SIGNIFICANCE
   with noncentrality effect √n / sd."""
   dof, nc = n - 1, effect * math.sqrt(n) / sd
   t_crit = scipy.stats.t.ppf(1 - level / 2, dof)
-  return float(scipy.stats.nct.sf(t_crit, dof, nc) + scipy.stats.nct.cdf(-t_crit, dof, nc))
+  # P(T < −t) as P(T' > t), T' of noncentrality −nc: scipy's nct.cdf is NaN at points of its far lower tail
+  # (e.g. t = −2.78, 4 dof, nc = 8.4), where its sf is not.
+  return float(scipy.stats.nct.sf(t_crit, dof, nc) + scipy.stats.nct.sf(t_crit, dof, -nc))
 
 
 def sd_upper_bound(sd: float, n: int, confidence: float) -> float:

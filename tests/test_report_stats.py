@@ -86,6 +86,18 @@ def test_power_agrees_with_simulated_t_tests(sd, n, effect):
   assert report_stats.power_paired_t(sd, n, effect) == pytest.approx(simulated, abs=0.01)  # MC s.e. <= 0.0025
 
 
+def test_power_is_a_probability_wherever_the_noncentrality_is_large():
+  # Both tails summed: at nc = 8.4 the lower tail is ~1e-20, where scipy's nct.cdf gives NaN; the power must still be
+  # the upper tail (and 1 in the limit), rising with the effect and symmetric in its sign.
+  effects = np.linspace(0.0, 6.0, 121)
+  power = np.array([report_stats.power_paired_t(0.4, 5, e) for e in effects])
+  assert np.isfinite(power).all() and (np.diff(power) >= 0).all() and power[-1] == pytest.approx(1.0)
+  assert report_stats.power_paired_t(0.4, 5, 1.5) == pytest.approx(scipy.stats.nct.sf(
+      scipy.stats.t.ppf(0.975, 4), 4, 1.5 * math.sqrt(5) / 0.4), abs=1e-15)
+  assert report_stats.power_paired_t(0.4, 5, -1.0) == pytest.approx(report_stats.power_paired_t(0.4, 5, 1.0))
+  assert report_stats.power_paired_t(0.4, 5, 0.0) == pytest.approx(0.05, rel=1e-9)  # the level, at no effect
+
+
 @pytest.mark.slow
 def test_sd_upper_bound_covers_the_true_sd_at_its_confidence():
   rng = np.random.default_rng(3)
