@@ -115,6 +115,14 @@ def test_the_shape_step_power_statement():
   assert report_stats.power_paired_t(0.40, 8, 1.0) > 0.99
 
 
+def test_the_horizon_power_statement():
+  # docs/results.md, Q2: five seeds, 80% power for 0.67 points at SD 0.40 and 1.43 at 0.85; one point: 98%, 52%.
+  assert report_stats.power_paired_t(0.40, 5, 0.67) == pytest.approx(0.80, abs=0.005)
+  assert report_stats.power_paired_t(0.85, 5, 1.43) == pytest.approx(0.80, abs=0.005)
+  assert report_stats.power_paired_t(0.40, 5, 1.0) == pytest.approx(0.98, abs=0.005)
+  assert report_stats.power_paired_t(0.85, 5, 1.0) == pytest.approx(0.52, abs=0.005)
+
+
 def test_mean_correlation_is_scipys_t_test_and_interval_on_fishers_z():
   r = [0.12, 0.31, 0.05, 0.22, 0.18]
   z = np.arctanh(r)
