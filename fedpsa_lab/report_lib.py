@@ -600,9 +600,24 @@ def write_text(path: str, text: str) -> str:
   return path
 
 
+# Significant digits of a CSV's fractional floats. Statistics computed on another CPU differ in their last bits
+# (other vector widths, other summation orders in numpy's BLAS); at full precision a redraw there would rewrite every
+# CSV. Eight digits keep far more than any report reads, and a last-bit change reaches them only at a rounding
+# boundary. Whole numbers (counts and bytes, floats only because a column has gaps) are written whole.
+CSV_SIGNIFICANT_DIGITS = 8
+
+
+def _csv_float(value: float) -> str:
+  if value.is_integer() and abs(value) < 2**53:  # (every integer up to 2^53 is exact in a float64)
+    return str(int(value))
+  return f"{value:.{CSV_SIGNIFICANT_DIGITS}g}"
+
+
 def write_csv(frame: pd.DataFrame, path: str) -> str:
-  """`frame` as CSV at `path`, its index written only when named (the row labels of a table); `path`."""
-  frame.to_csv(path, index=frame.index.names != [None])
+  """`frame` as CSV at `path`, its index written only when named (the row labels of a table), its fractional floats
+  at `CSV_SIGNIFICANT_DIGITS` significant digits (so that a redraw on another machine writes the same bytes) and
+  its whole ones whole; `path`."""
+  frame.to_csv(path, index=frame.index.names != [None], float_format=_csv_float)
   return path
 
 

@@ -101,6 +101,28 @@ def test_table_markdown_renders_cells_without_computing_any():
       "", "Mean over 1-3 seeds ± the half-width of its 95% Student-t interval (none for a cell with one seed)."]
 
 
+def test_a_csv_is_the_same_bytes_when_its_floats_differ_in_their_last_bits(tmp_path):
+  """A redraw on another CPU (other summation orders) changes statistics in their last bits, as two machines did for
+  one partial-correlation table (relative differences up to 4e-14): the CSV must not change with them. Fractional
+  floats keep 8 significant digits; whole numbers, also in a float column with gaps (bytes), and labels stay whole."""
+  rng = np.random.default_rng(0)
+  values = rng.uniform(-1, 1, size=(50, 3)) * 10.0 ** rng.integers(-4, 3, size=(50, 3))
+  bits = 1 + rng.uniform(-4e-14, 4e-14, size=values.shape)
+  whole = np.where(np.arange(50) % 7 == 3, np.nan, 5_595_576_680.0 + np.arange(50))  # gaps make the column float
+  frame = lambda v: pd.DataFrame({"x": v[:, 0], "y": v[:, 1], "z": v[:, 2], "bytes": whole,
+                                  "label": [f"method=m{i}" for i in range(50)]})
+  first = report_lib.write_csv(frame(values), str(tmp_path / "a.csv"))
+  second = report_lib.write_csv(frame(values * bits), str(tmp_path / "b.csv"))
+  # (none of these 150 draws lies within 4e-14 of a rounding boundary of its eighth digit: a fixed rng)
+  assert open(first).read() == open(second).read()
+  read = pd.read_csv(first)
+  np.testing.assert_allclose(read[["x", "y", "z"]].to_numpy(), values, rtol=5e-8, atol=0)  # half a unit of the 8th
+  digits = lambda text: len(text.split("e")[0].lstrip("-").replace(".", "").lstrip("0"))  # of the mantissa written
+  assert max(pd.read_csv(first, dtype=str)[["x", "y", "z"]].stack().map(digits)) == 8
+  np.testing.assert_array_equal(read["bytes"].to_numpy(), whole)  # every digit of 5,595,576,680 + i, gaps kept
+  assert ",5595576684," in open(first).read() and read["label"][7] == "method=m7"
+
+
 def test_missing_member_shows_as_not_run_and_bad_workdir_is_an_error(tmp_path):
   accs = {(m, d, s): 0.5 for m in ("fedbuff", "fedpac", "fedpsa") for d in ("mnist", "fashion_mnist") for s in (0, 1)}
   workdir = _fake_sweep(tmp_path, accs)
