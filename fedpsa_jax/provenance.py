@@ -62,6 +62,25 @@ def _cpu_model() -> str:
   return platform.processor() or platform.machine()
 
 
+# The widest vector extension first, by the flag /proc/cpuinfo lists for it (x86 "flags", Arm "Features").
+_VECTOR_ISAS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"), ("sve2", "SVE2"),
+                ("sve", "SVE"), ("asimd", "NEON"))
+
+
+def vector_isa(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+  """The widest vector instruction set the CPU has (Linux: its /proc/cpuinfo flags), None where unknown.
+
+  XLA:CPU compiles for the host's widest one, and other vector widths sum in other orders: one CPU model name covers
+  machines with and without AVX-512, whose runs of one config differ in their last bits and then drift apart."""
+  try:
+    with open(cpuinfo) as f:
+      flags = next((set(line.split(":", 1)[1].split()) for line in f
+                    if line.split(":", 1)[0].strip() in ("flags", "Features")), set())
+  except OSError:
+    return None
+  return next((name for flag, name in _VECTOR_ISAS if flag in flags), None)
+
+
 def ray_node() -> str | None:
   """The id of the Ray node this process runs on when it is a Ray worker (or a driver joined to a cluster), else
   None. Ray is not imported here: a process that has not imported it is no Ray worker."""
@@ -72,16 +91,18 @@ def ray_node() -> str | None:
 
 
 def machine() -> dict[str, Any]:
-  """The machine and software a run executed on: CPU, cores, OS, Python, JAX's backend and devices, and the
-  versions of the libraries that compute results; the host's name and its Ray node (`ray_node`), which tell the
-  nodes of a cluster apart."""
+  """The machine and software a run executed on: CPU, its vector instruction set (`vector_isa`), cores, OS,
+  Python, JAX's backend and devices, XLA_FLAGS (`--xla_cpu_max_isa` caps the instruction set), and the versions of
+  the libraries that compute results; the host's name and its Ray node (`ray_node`), which tell the nodes of a
+  cluster apart."""
   import flax
   import jax
   import jaxlib
   import optax
 
   devices = jax.devices()
-  return {"cpu": _cpu_model(), "cores": os.cpu_count(), "os": platform.platform(), "python": platform.python_version(),
+  return {"cpu": _cpu_model(), "vector_isa": vector_isa(), "xla_flags": os.environ.get("XLA_FLAGS"),
+          "cores": os.cpu_count(), "os": platform.platform(), "python": platform.python_version(),
           "backend": jax.default_backend(), "devices": f"{len(devices)} × {devices[0].device_kind}",
           "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__, "optax": optax.__version__,
           "host": platform.node(), "ray_node": ray_node()}
@@ -95,4 +116,4 @@ def of_run(dataset: Any) -> dict[str, Any]:
           "machine": machine()}
 
 
-__all__ = ["code_version", "data_fingerprint", "machine", "of_run", "ray_node"]
+__all__ = ["code_version", "data_fingerprint", "machine", "of_run", "ray_node", "vector_isa"]

@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import math
 import os
+import re
 import textwrap
 from typing import Any, Callable, Sequence
 
@@ -422,6 +423,14 @@ def _ordering(published: float, ours: float, verdict: str) -> str:
   return "not resolved"
 
 
+def _cpu_text(machine: dict) -> str:
+  """The CPU's model, then its vector instruction set and XLA's cap on it where recorded (records written before
+  `vector_isa` existed name the model only)."""
+  text = machine["cpu"] + (f", {machine['vector_isa']}" if machine.get("vector_isa") else "")
+  cap = re.search(r"--xla_cpu_max_isa=(\S+)", machine.get("xla_flags") or "")
+  return text + (f" (XLA held to {cap.group(1)})" if cap else "")
+
+
 def provenance_section(frame: pd.DataFrame) -> str:
   """'## Provenance': the commits, data fingerprints and machines the completed members' summary.json name
   (`fedpsa_jax.provenance`), each with its member count, and their wall time in all."""
@@ -434,7 +443,7 @@ def provenance_section(frame: pd.DataFrame) -> str:
         "code": (f"commit {code['commit']}" + (" with uncommitted changes" if code.get("dirty") else "")
                  if code.get("commit") else "not recorded"),
         "data": f"{data['name']} {data['fingerprint']}" if data else "not recorded",
-        "machine": (f"{machine['cpu']} ({machine['cores']} cores), {machine['backend']}: {machine['devices']}, "
+        "machine": (f"{_cpu_text(machine)} ({machine['cores']} cores), {machine['backend']}: {machine['devices']}, "
                     f"jax {machine['jax']}" if machine else "not recorded")}
     for k, v in entries.items():
       seen[k][v] = seen[k].get(v, 0) + 1

@@ -1,5 +1,6 @@
 """provenance: the data fingerprint's invariances and sensitivity, the commit of a real git checkout."""
 
+import os
 import subprocess
 
 import numpy as np
@@ -68,4 +69,23 @@ def test_machine_names_the_backend_and_the_versions():
 
   m = provenance.machine()
   assert m["backend"] == jax.default_backend() and m["jax"] == jax.__version__
+  assert m["vector_isa"] == provenance.vector_isa() and m["xla_flags"] == os.environ.get("XLA_FLAGS")
   assert m["devices"].startswith(f"{len(jax.devices())} × ")
+
+
+@pytest.mark.parametrize("lines, expected", [
+    (["processor\t: 0", "flags\t\t: fpu sse4_2 avx avx2 fma avx512f avx512bw"], "AVX-512"),
+    (["processor\t: 0", "flags\t\t: fpu sse4_2 avx avx2 fma", "processor\t: 1", "flags\t\t: fpu avx512f"], "AVX2"),
+    (["processor\t: 0", "Features\t: fp asimd evtstrm aes sve sve2"], "SVE2"),  # Arm
+    (["processor\t: 0", "Features\t: fp asimd evtstrm"], "NEON"),
+    (["processor\t: 0", "flags\t\t: fpu vme"], None),  # none of the known extensions
+    (["processor\t: 0", "model name\t: avx2 in its name only"], None),  # no flags line
+])
+def test_vector_isa_is_the_widest_extension_of_the_first_cpus_flags(tmp_path, lines, expected):
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text("\n".join(lines) + "\n")
+  assert provenance.vector_isa(str(cpuinfo)) == expected
+
+
+def test_vector_isa_of_a_machine_without_cpuinfo_is_unknown(tmp_path):
+  assert provenance.vector_isa(str(tmp_path / "missing")) is None

@@ -533,7 +533,11 @@ def _reference_sweep(tmp_path, accuracy_of) -> str:
         "status": "completed", "final_test_accuracy": acc, "aulc_per_day": acc / 2, "wall_seconds": 1800.0,
         "provenance": {"code": {"commit": "abc" if m.labels["seed"] < 2 else "def", "dirty": False},
                        "data": {"name": "mnist_5k", "fingerprint": "f00"},
-                       "machine": {"cpu": "CPU X", "cores": 2, "backend": "cpu", "devices": "1 × cpu", "jax": "0.1"}}})
+                       "machine": {"cpu": "CPU X", "cores": 2, "backend": "cpu", "devices": "1 × cpu", "jax": "0.1",
+                                   # seed 0 from before vector_isa was recorded; seed 2 with XLA held to AVX2
+                                   **({} if m.labels["seed"] == 0 else {"vector_isa": "AVX-512", "xla_flags": (
+                                       "--xla_cpu_max_isa=AVX2 --xla_force_host_platform_device_count=2"
+                                       if m.labels["seed"] == 2 else "--xla_force_host_platform_device_count=2")})}}})
     with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
       for day, scale in ((0.0, 0.2), (0.1, 1.0)):
         f.write(json.dumps({"day": day, "test_accuracy": acc * scale}) + "\n")
@@ -584,6 +588,10 @@ def test_reference_marks_only_differences_larger_than_the_noise(tmp_path):
   assert "| FedBuff (Base) | 98.00 | 97.00 |" in markdown and "| FedPSA (Ours) | **98.50** | - |" in markdown
   # Provenance: both commits with their member counts, one data fingerprint, the summed wall time.
   assert "commit abc (12 members); commit def (6 members)" in markdown
+  # Machines told apart by their vector instruction set and XLA's cap on it (one model name covers both).
+  assert ("- Machine: CPU X (2 cores), cpu: 1 × cpu, jax 0.1 (6 members); CPU X, AVX-512 (2 cores), cpu: 1 × cpu, "
+          "jax 0.1 (6 members); CPU X, AVX-512 (XLA held to AVX2) (2 cores), cpu: 1 × cpu, jax 0.1 (6 members)\n"
+          in markdown)
   # Over both columns at once, the seed as the unit: FedAsync's seeds differ by −3.1, −2.9, −3.0 points in both
   # columns (the α offset cancels in the pairs), so its seed means are those three: a one-sample t-test on 2
   # degrees of freedom, SE = 0.1 / √3 (not the 6 pairs as if independent).
