@@ -513,10 +513,13 @@ def test_metrics_shorter_than_the_newest_checkpoint_fall_back_to_one_that_fits(d
     with pytest.warns(checkpoint.CheckpointWarning, match="does not match the run's files .*metrics.jsonl has"):
       sim = runner.Simulation(c, str(path))
     assert sim.loop.last_checkpoint == 432 and len(sim.history) == 3
-  else:  # nothing fits: the run starts over, with a warning (never a traceback on every try)
-    metrics.unlink()
-    with pytest.warns(checkpoint.CheckpointWarning, match="the run starts over from the beginning"):
+  else:  # nothing fits: each checkpoint is set aside with a warning, newest first, then the run starts over (never
+    metrics.unlink()  # a traceback on every try)
+    with pytest.warns(checkpoint.CheckpointWarning) as caught:
       sim = runner.Simulation(c, str(path))
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 3 and all("does not match the run's files" in m for m in messages[:2])
+    assert "/864 " in messages[0] and "/432 " in messages[1] and "the run starts over from the beginning" in messages[2]
     assert sim.loop.now == 0 and sim.history == []
   sim.run()
   assert outputs(path) == whole
