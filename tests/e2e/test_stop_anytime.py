@@ -67,8 +67,8 @@ def _metrics_lines(workdir) -> int:
 
 def _catches_sigterm(pid: int) -> bool:
   """Whether process `pid` has a SIGTERM handler (Linux's /proc): Python installs none of its own, so
-  launch.py has run its first line, `signals.exit_while_starting()`, and is importing the libraries (a
-  fixed delay after the launch instead met the run's own handler on a machine that imports fast)."""
+  launch.py has run its first line, `signals.exit_while_starting()`, and is importing the libraries, whatever
+  the machine's speed."""
   with open(f"/proc/{pid}/status") as status:
     caught = next(line for line in status if line.startswith("SigCgt:"))
   return bool(int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
