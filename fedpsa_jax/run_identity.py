@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from fedpsa_jax.config.fields import MOVED_FIELDS, REMOVED_FIELDS
+from fedpsa_jax.config.fields import ADDED_FIELDS, MOVED_FIELDS, REMOVED_FIELDS
 from fedpsa_jax.config.schema import SHARED_SECTIONS
 
 # Fields that may differ between a run directory's config and the config that continues it, or that counts it
@@ -47,14 +47,16 @@ def identity_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -
   `run_identity` that differs: empty when `current` may continue (or skip) the run `saved` describes. A field
   one side lacks and the other leaves None is no difference: a field added since, unset, so runs written before
   it still resume. Two runs of different methods show only the `method` line and the shared fields (their
-  sections are not comparable)."""
+  sections are not comparable). A field of `config.fields.ADDED_FIELDS` that one side lacks is that field at the
+  value the runs before it had."""
   a, b = run_identity(saved), run_identity(current)
   if saved.get("method") != current.get("method"):
     own = {saved.get("method"), current.get("method")}
     a, b = ({k: v for k, v in d.items() if k.split(".", 1)[0] not in own} for d in (a, b))
   out = []
   for key in sorted(set(a) | set(b)):
-    va, vb = a.get(key, "<absent>"), b.get(key, "<absent>")
+    before = ADDED_FIELDS.get(key, "<absent>")  # (what a config written before the field was added means by it)
+    va, vb = a.get(key, before), b.get(key, before)
     if (va, vb) in (("<absent>", None), (None, "<absent>")):
       continue  # a field added since, unset (None: a new field's "off"), is the run an older version wrote
     if va != vb:

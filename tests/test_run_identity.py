@@ -25,6 +25,7 @@ import pytest
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, run_identity, strategies, sweep
 from fedpsa_jax.cli import run_name
+from fedpsa_jax.config.fields import ADDED_FIELDS
 from fedpsa_jax.cli.run_name import RunName
 from fedpsa_jax.sim import runner
 from fedpsa_lab import paper
@@ -97,6 +98,29 @@ def test_identity_names_the_changed_field_of_the_own_section_or_a_shared_one():
   # Another method: the method line, not a list of both sections.
   other = run_identity.identity_differences(c, io.config_json(_current("fedbuff")))
   assert other == ["method: 'fedpsa' -> 'fedbuff'"]
+
+
+def test_a_field_added_since_is_read_at_the_value_the_runs_before_it_had():
+  # R1's records (results/table1_mnist_5k) were written before fedpsa.step, fedpsa.server_lr and FedBuff's weighting
+  # and step existed: they are today's runs at the defaults, and another value is another run.
+  for method in ("fedpsa", "fedbuff"):
+    record = os.path.join(ROOT, "results", "table1_mnist_5k", "runs", f"method={method},alpha=0.1,seed=0")
+    saved = io.read_config(record)
+    added = {k.split(".", 1)[1]: v for k, v in ADDED_FIELDS.items() if k.startswith(method + ".")}
+    assert not set(added) & set(saved[method])  # (written before them)
+    current = copy.deepcopy(saved)
+    current[method].update(added)
+    assert added and run_identity.identity_differences(saved, current) == []
+    assert run_identity.identity_differences(current, saved) == []
+    field = "fedpsa.server_lr" if method == "fedpsa" else "fedbuff.step"
+    current[method][field.split(".")[1]] = 2.0 if method == "fedpsa" else "unit"
+    assert run_identity.identity_differences(saved, current) == [
+        f"{field}: {ADDED_FIELDS[field]!r} -> {current[method][field.split('.')[1]]!r}"]
+  # Each listed value is today's default.
+  defaults = config_lib.base_config()
+  for dotted, value in ADDED_FIELDS.items():
+    section, name = dotted.split(".")
+    assert defaults[section][name] == value, dotted
 
 
 # --- io.check_workdir and the runner's checkpoint check -------------------------------------------------

@@ -32,6 +32,11 @@ REMOVED_FIELDS = {
     "local.max_unroll": "client updates always take one SGD step per compiled call on the unrolled loop",
     "memory.trim_after_compiles": "the run always gives the heap back to the OS after XLA compiles",
 }
+# Fields added after runs were recorded without them, {dotted path: the value those runs had}: a saved config that
+# lacks one is the run at that value (each default is bit-identical to the code before the field, and tested so),
+# so records written before a field was added still count as done, and their runs still resume.
+ADDED_FIELDS = {"fedbuff.weighting": "staleness", "fedbuff.step": "staleness", "fedpsa.step": "unit",
+                "fedpsa.server_lr": 1.0}
 
 # Short names accepted beside any dotted field path in a config file's `:arg` and in the notebook API.
 OVERRIDE_ALIASES = {"dataset": "data.name", "alpha": "partition.alpha", "model": "model.name",

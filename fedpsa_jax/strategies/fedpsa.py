@@ -53,6 +53,9 @@ less once an update is stale, so FedPSA differs from FedBuff both in the shape o
 of its step. `step='staleness'` scales the Eq. 19 weights to FedBuff's sum for the same buffer,
 (1/B) Σ_i (1 + τ_i)^(-1/2), keeping their shape: FedPSA − this variant is the step alone, this variant − FedBuff
 the shape alone (docs/methods.md, "Shape and step"). The default, `unit`, is Eq. 20.
+The server step (not the paper's, which has none): `server_lr` = η multiplies Eq. 20's update,
+w ← w + η Σ_i weight_i Δ_i, as FedBuff's η multiplies its own; a buffer's effective step is η × Σ_i weight_i. The
+default, 1.0, is Eq. 20 exactly (the same bits).
 
 κ-alignment (Sec. 6.6, Eqs. 21-22), a diagnostic for the paper's Fig. 6, off by default
 (`fedpsa.log_alignment`): for each received update, align = cos(g_client, g_server) with
@@ -258,6 +261,9 @@ class FedPSA(Strategy):
     # The sum of the weights: unit (1, Eq. 20) | staleness (not the paper's: the Eq. 19 weights scaled to FedBuff's
     # step for the same buffer, (1/B) Σ_i (1 + τ_i)^(-1/2); a control that separates κ's shape from the step)
     c.step = "unit"
+    # η, the server step size (not the paper's: Eq. 20 is η = 1): the update is η Σ_i weight_i Δ_i, as in FedBuff,
+    # so that two methods' effective steps η × Σ_i weight_i can be matched (docs/methods.md, "Shape and step")
+    c.server_lr = 1.0
     # Fig. 6 diagnostic: log align = cos(g_client, g_server) on a held-out test batch (Eqs. 21-22) beside κ
     # in events.jsonl (needs output.events). Costs two gradients on alignment_batch_size samples per
     # received update; does not change training.
@@ -278,7 +284,7 @@ class FedPSA(Strategy):
                                          "client's sensitivity is computed on all of it; Table 5: 16-512")),
             ("sketch_dim", integer(ge=1, le=MAX_SKETCH_DIM, note="the rows of the sketch_dim x parameters float32 "
                                    "projection held in memory; default 16")),
-            ("projection", one_of(PROJECTIONS)), ("step", one_of(STEPS)),
+            ("projection", one_of(PROJECTIONS)), ("step", one_of(STEPS)), ("server_lr", number(gt=0)),
             ("alignment_batch_size", integer(ge=1))]
     errors = section_errors(config, "fedpsa", rows)
     if c.log_alignment is True and not config.output.events:
@@ -355,6 +361,7 @@ class FedPSA(Strategy):
     queue_full = count + n >= h.queue_length  # after this round's pushes
     fill_index = h.queue_length - 1 - count if count < h.queue_length <= count + n else -1
     step = staleness_step(state.staleness) if h.step == "staleness" else np.float32(1.0)
+    step = np.float32(step * np.float32(h.server_lr))  # η (× 1.0 at the default: the same bits)
     out = _aggregate(state.params, state.deltas, state.sketches, state.global_sketch, state.queue, state.m0,
                      state.temperature, np.int32(count % h.queue_length), np.int32(fill_index),
                      np.bool_(queue_full and not h.no_temperature), np.bool_(queue_full or h.no_temperature),

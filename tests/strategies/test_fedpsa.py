@@ -746,3 +746,41 @@ def test_step_bad_value_names_the_field():
   cfg.fedpsa.step = "fedbuff"
   errors = FedPSA.validate_config(cfg)
   assert len(errors) == 1 and errors[0].startswith("fedpsa.step='fedbuff' is invalid; allowed:"), errors
+
+
+@pytest.mark.parametrize("step", ["unit", "staleness"])
+def test_server_lr_multiplies_the_eq20_update(step):
+  # η = 1.7 and η = 1 on the same arrivals: the same κ and Temp, so the weights are η times those at η = 1, and the
+  # new model is w + η Σ weight_i Δ_i (a hand computation in float64); η = 1 is bit for bit the default.
+  rng = np.random.default_rng(12)
+  taus = [0, 2, 5]
+  deltas = [_random_like(PARAMS0, rng, 0.1) for _ in taus]
+  sketches = [jnp.asarray(rng.normal(size=K_SKETCH), jnp.float32) for _ in taus]
+  arrivals = [_arrival(i, d, s, staleness=t) for i, (t, d, s) in enumerate(zip(taus, deltas, sketches))]
+  out = {}
+  for eta in (None, 1.0, 1.7):
+    strategy, state = _fedpsa(buffer_size=3, queue_length=1)
+    strategy.hparams.step = step
+    if eta is not None:
+      strategy.hparams.server_lr = eta
+    w = _np_tree(state.params)
+    state, changed = strategy.receive(state, arrivals)
+    assert changed
+    out[eta] = state
+    weights = np.asarray(state.last_weights, np.float64)
+    _close(state.params, jax.tree.map(lambda a, *ds: a + sum(c * d for c, d in zip(weights, ds)), w,
+                                      *[_np_tree(d) for d in deltas]))
+  base = np.asarray(out[1.0].last_weights, np.float64)
+  assert np.ptp(base) > 1e-3  # the softmax weighs (queue_length=1)
+  np.testing.assert_allclose(np.asarray(out[1.7].last_weights, np.float64), 1.7 * base, rtol=1e-6)
+  sum_w = 1.0 if step == "unit" else np.mean((1.0 + np.asarray(taus)) ** -0.5)
+  np.testing.assert_allclose(np.asarray(out[1.7].last_weights).sum(), 1.7 * sum_w, rtol=1e-6)  # η × Σw
+  for a, b in zip(jax.tree.leaves(out[None].params), jax.tree.leaves(out[1.0].params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the default is η = 1 exactly
+
+
+def test_server_lr_must_be_positive():
+  cfg = config_lib.base_config()
+  cfg.fedpsa.server_lr = 0.0
+  errors = FedPSA.validate_config(cfg)
+  assert len(errors) == 1 and errors[0].startswith("fedpsa.server_lr=0.0 is invalid; allowed:"), errors
