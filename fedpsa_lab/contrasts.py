@@ -42,7 +42,7 @@ def tail_accuracy(records: list[dict[str, Any]], horizon_days: float, fraction: 
 
 def endpoint_values(frame: pd.DataFrame, sweep: dict[str, Any], endpoint: str
                     ) -> dict[str, dict[Any, dict[int, float]]]:
-  """{arm: {block labels: {seed: value × scale}}} of the completed members (`report.load_members`' frame)."""
+  """{arm: {block labels: {seed: value × scale}}} of the completed members (`report_lib.load_members`' frame)."""
   analysis = sweep["analysis"]
   horizon, scale = sweep["base"]["sim"]["virtual_days"], analysis.get("scale", 1.0)
   out: dict[str, dict[Any, dict[int, float]]] = {}
@@ -125,8 +125,9 @@ def contrasts_markdown(table: pd.DataFrame, sweep: dict[str, Any], title: str) -
 
 
 def write(frame: pd.DataFrame, sweep: dict[str, Any], out: str, title: str) -> list[str]:
-  """contrasts.md and contrasts.csv into `out`; nothing for a sweep without an `analysis` section."""
-  if not sweep.get("analysis"):
+  """contrasts.md and contrasts.csv into `out`; nothing for a sweep without an `analysis` section or whose analysis
+  declares no contrasts (a tuning sweep's)."""
+  if not (sweep.get("analysis") or {}).get("contrasts"):
     return []
   table = contrast_frame(frame, sweep)
   return [report_lib.write_text(os.path.join(out, "contrasts.md"), contrasts_markdown(table, sweep, title)),

@@ -41,25 +41,10 @@ import pandas as pd
 
 from fedpsa_jax import errors, io
 from fedpsa_jax import sweep as sweep_lib
-from fedpsa_lab import contrasts, event_correlations, figures, report_lib, report_stats
-from fedpsa_lab.report_lib import ReportError, ReportKind, SweepReport
+from fedpsa_lab import contrasts, event_correlations, figures, report_lib, report_stats, tuning
+from fedpsa_lab.report_lib import ReportError, ReportKind, SweepReport, load_members
 
 REPORT_DIR = "report"
-
-
-def load_members(sweep_dir: str) -> tuple[dict[str, Any], pd.DataFrame]:
-  """(sweep.json's sweep config, one row per member: `member`, `run_dir`, its labels, its summary fields).
-
-  A member without summary.json has status 'missing'; a member not completed keeps its fields but its
-  metrics are not used in tables (see `report_lib.cell_stats`)."""
-  saved = sweep_lib.read_sweep_json(sweep_dir)
-  rows = []
-  for m in saved["members"]:
-    run_dir = sweep_lib.member_dir(sweep_dir, m["name"])
-    summary = io.read_summary(run_dir) or {"status": "missing"}
-    rows.append({"member": m["name"], "run_dir": run_dir, **{f"label:{k}": v for k, v in m["labels"].items()},
-                 **{k: v for k, v in summary.items() if not isinstance(v, (dict, list))}})
-  return saved["sweep"], pd.DataFrame(rows)
 
 
 # --- the generic report kinds -------------------------------------------------------------------------
@@ -187,6 +172,7 @@ def sweep_report(sweep_dir: str, layout: dict[str, Any] | None = None) -> list[s
   if spec.get("rows") or spec.get("cols"):
     written += _tables(sweep, frame, spec, out, title)
   written += contrasts.write(frame, sweep, out, title)  # the declared analysis (`analysis`), if any
+  written += tuning.write(frame, sweep, out, title)  # a tuning sweep's selection (`analysis.selection`), if any
   written += event_correlations.write(frame, spec, out, title)  # `report.partial_correlations`, if any
   written += kinds[kind](SweepReport(sweep_dir, sweep, frame, spec, out, title))
   run_dirs = [d for d in frame["run_dir"] if os.path.exists(os.path.join(d, "metrics.jsonl"))]

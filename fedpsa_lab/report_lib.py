@@ -5,7 +5,7 @@ so they live below both: the plug-ins import this module, the driver imports the
 and nothing here imports either. A report reads run directories only, so no JAX is imported.
 
 The member frame every function takes has one row per sweep member: `member`, `run_dir`, one `label:<axis>`
-column per axis of the sweep and the fields of the member's summary.json (`report.load_members`).
+column per axis of the sweep and the fields of the member's summary.json (`load_members`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from fedpsa_jax import io
+from fedpsa_jax import sweep as sweep_lib
 from fedpsa_lab import report_stats
 
 MISSING = "-"  # a cell the sweep leaves out (FedPAC on the linear model), as the paper prints it
@@ -33,6 +34,21 @@ class ReportError(ValueError):
 
 
 # --- the member frame ---------------------------------------------------------------------------------
+
+def load_members(sweep_dir: str) -> tuple[dict[str, Any], pd.DataFrame]:
+  """(sweep.json's sweep config, one row per member: `member`, `run_dir`, its labels, its summary fields).
+
+  A member without summary.json has status 'missing'; a member not completed keeps its fields but its
+  metrics are not used in tables (see `cell_stats`)."""
+  saved = sweep_lib.read_sweep_json(sweep_dir)
+  rows = []
+  for m in saved["members"]:
+    run_dir = sweep_lib.member_dir(sweep_dir, m["name"])
+    summary = io.read_summary(run_dir) or {"status": "missing"}
+    rows.append({"member": m["name"], "run_dir": run_dir, **{f"label:{k}": v for k, v in m["labels"].items()},
+                 **{k: v for k, v in summary.items() if not isinstance(v, (dict, list))}})
+  return saved["sweep"], pd.DataFrame(rows)
+
 
 def _ordered(values: Sequence[Any]) -> list[Any]:
   """Unique values in order of first appearance (the sweep's axis order, not sorted)."""
@@ -660,6 +676,6 @@ def table_curves(r: SweepReport) -> list[str]:
   return [path] if path else []
 
 
-__all__ = ["MISSING", "NOT_RUN", "ReportError", "ReportKind", "SweepReport", "axis_labels", "cell_stats", "completed",
+__all__ = ["MISSING", "NOT_RUN", "ReportError", "ReportKind", "SweepReport", "axis_labels", "cell_stats", "completed", "load_members",
            "curves_figure", "display_name", "heatmap_figure", "learning_curve", "paired_figure", "paired_markdown", "paper_cells", "paper_table", "table_markdown", "Cells", "provenance_section", "Table", "cell_values", "column_key", "pyplot", "save_figure",
            "table_curves", "write_csv", "write_text"]

@@ -33,7 +33,8 @@ LAYERS = (
     ("simulator", SIMULATOR, ("sim",)),
     ("tools on top", SIMULATOR, ("api", "sweep", "profiling", "profilers", "cli", "__init__")),
     ("analysis: the paper's setup, statistics", ANALYSIS, ("paper", "report_stats")),
-    ("analysis: what reports are drawn with", ANALYSIS, ("report_lib", "contrasts", "event_correlations")),
+    ("analysis: what reports are drawn with", ANALYSIS, ("report_lib", "contrasts", "event_correlations",
+                                                        "tuning")),
     ("analysis: figure plug-ins", ANALYSIS, ("figures",)),
     ("analysis: the report driver and launch.py's report mode", ANALYSIS, ("report", "modes", "__init__")),
 )
