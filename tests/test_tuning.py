@@ -15,6 +15,7 @@ import os
 import numpy as np
 import pytest
 
+from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, sweep
 from fedpsa_lab import report, tuning
 
@@ -157,3 +158,63 @@ def test_fedbuffs_mean_step_is_measured_on_the_shape_step_records():
   assert np.ptp(by_hand) > 0.1  # (the step varies from flush to flush)
   unit = sorted(glob.glob(os.path.join(ROOT, "results", "shape_step", "runs", "method=fedpsa,*")))
   assert tuning.mean_flush_sum(unit) == pytest.approx(1.0, rel=1e-6)  # Eq. 20's weights sum to 1
+
+
+# --- the confirmation config, built from the selection (configs/results/tuned.py) -------------------------------
+
+TUNED = os.path.join(ROOT, "configs", "results", "tuned.py")
+
+
+def test_the_confirmation_reads_the_selected_steps(tmp_path):
+  values = dict(BASE, uniform_x3p375=0.88, uniform_x5p0625=0.89, fedpsa_x0p666667=0.875)
+  records = _records(tmp_path, _grid(values), extensions={"uniform": (3.375, 5.0625), "fedpsa": (1 / 1.5,)})
+  c = config_lib.load_file(f"{TUNED}:tuning={records}")
+  members = sweep.expand(c)
+  assert len(members) == 4 * 2 * 12 and c.seeds == list(range(200, 212))
+  runs = {m.labels["method"]: m.config for m in members}
+  assert runs["fedbuff"].fedbuff.server_lr == 1.0 and runs["fedbuff"].method == "fedbuff"
+  assert runs["fedbuff_tuned"].fedbuff.server_lr == round(1.5 / 0.6556, 4)  # mean effective step 1.5
+  assert runs["uniform_tuned"].fedbuff.server_lr == 5.0625
+  assert (runs["uniform_tuned"].fedbuff.weighting, runs["uniform_tuned"].fedbuff.step) == ("uniform", "unit")
+  assert runs["fedpsa_tuned"].fedpsa.server_lr == 1.0 and runs["fedpsa_tuned"].method == "fedpsa"
+  assert [name for name, _ in c.analysis.contrasts] == [
+      "FedPSA − FedBuff (both tuned)", "κ − uniform (both tuned)", "uniform − FedBuff (both tuned)",
+      "tuning: FedBuff tuned − FedBuff η = 1"]
+  assert c.report.display["uniform_tuned"] == "Uniform, tuned (step 5.0625, at the grid edge)"
+  horizon = config_lib.load_file(f"{TUNED}:horizon,tuning={records}")
+  members = sweep.expand(horizon)
+  assert len(members) == 3 * 5 and {m.labels["alpha"] for m in members} == {0.1}
+  assert horizon.base.sim.virtual_days == 1.0 and len(horizon.analysis.contrasts) == 3
+  assert horizon.name != c.name
+
+
+def test_the_confirmation_is_refused_in_one_line_until_every_shape_is_selected(tmp_path):
+  records = _records(tmp_path, _grid(BASE))
+  with pytest.raises(config_lib.ConfigError) as err:
+    config_lib.load_file(f"{TUNED}:tuning={records}")
+  assert "\n" not in str(err.value) and "uniform: extend to 3.375; fedpsa: extend to 0.666667" in str(err.value)
+  with pytest.raises(config_lib.ConfigError, match="no tuning records in"):
+    config_lib.load_file(f"{TUNED}:tuning={tmp_path / 'nothing'}")
+
+
+def test_the_confirmation_power_statement():
+  # configs/results/tuned.py's docstring: seed-level SDs implied by shape_step's intervals (h √n / t), and the power
+  # of the test actually read, at Holm's first threshold over four contrasts.
+  import pandas as pd
+  from scipy import stats
+  from fedpsa_lab import report_stats
+  table = pd.read_csv(os.path.join(ROOT, "results", "shape_step", "report", "contrasts.csv"))
+  rows = table[(table.endpoint == "tail_test_accuracy") & (table.family == "all blocks")].set_index("contrast")
+  sd = {k: rows.loc[k, "ci95_half_width"] * np.sqrt(8) / stats.t.ppf(0.975, 7) for k in rows.index}
+  psa, kappa, step = (sd["FedPSA − FedBuff (all of it)"], sd["shape: κ − uniform"], sd["step: Σw = 1 − FedBuff's Σw"])
+  assert (round(psa, 2), round(kappa, 2), round(step, 2)) == (0.82, 0.22, 0.66)
+  level = 0.05 / 4
+  assert round(100 * report_stats.power_paired_t(psa, 12, 1.0, level)) == 86
+  assert round(100 * report_stats.power_paired_t(psa, 8, 1.0, level)) == 57
+  assert round(100 * report_stats.power_paired_t(step, 12, 1.0, level)) == 97
+
+  def smallest(sd_, n, lvl):  # the smallest effect (0.01 steps) with 80% power
+    return next(e / 100 for e in range(1, 1000) if report_stats.power_paired_t(sd_, n, e / 100, lvl) >= 0.8)
+
+  assert smallest(psa, 12, level) == 0.93 and smallest(kappa, 12, level) == 0.25
+  assert (smallest(0.19, 5, 0.05 / 3), smallest(0.27, 5, 0.05 / 3)) == (0.44, 0.62)
