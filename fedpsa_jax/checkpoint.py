@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedpsa_jax.errors import UserError, exception_chain, is_disk_full
+from fedpsa_jax.errors import UserError, exception_chain, is_write_limit
 
 # /3: in-flight jobs are records (`sim.executor.Job`), output positions under "outputs". One format is read:
 # an older checkpoint is refused (IncompatibleCheckpoint), not translated.
@@ -96,7 +96,7 @@ class _QuietOrbaxFutures(logging.Filter):
     if not _NEVER_RETRIEVED.match(str(record.msg)):
       return True
     failure = record.exc_info[1] if record.exc_info else None
-    return not (failure is not None and (_raised_in_orbax(failure) or is_disk_full(failure)))
+    return not (failure is not None and (_raised_in_orbax(failure) or is_write_limit(failure)))
 
 
 logging.getLogger("asyncio").addFilter(_QuietOrbaxFutures())

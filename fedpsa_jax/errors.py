@@ -57,6 +57,8 @@ _ADVICE = {
                       "--workdir",
     errno_lib.ELOOP: "it is a symbolic link, which this tool never writes through; allowed: remove the link, or "
                      "another --workdir",
+    errno_lib.EFBIG: "a limit on the size of one file (ulimit -f) stops the write; allowed: raise the limit and rerun "
+                     "the same command (a run resumes from its last checkpoint)",
 }
 
 
@@ -77,8 +79,9 @@ class OutputWriteError(OSError):
     if isinstance(err, OutputWriteError):
       return err
     code, strerror = getattr(err, "errno", None), getattr(err, "strerror", None)
-    if code is None and is_disk_full(err):  # (a library's error that only says so in its text)
-      full = errno_lib.EDQUOT if "Disk quota exceeded" in str(err) else errno_lib.ENOSPC
+    if code is None and is_write_limit(err):  # (a library's error that only says so in its text)
+      full = (errno_lib.EDQUOT if "Disk quota exceeded" in str(err) else
+              errno_lib.ENOSPC if is_disk_full(err) else errno_lib.EFBIG)
       code, strerror = full, os.strerror(full)
     return cls(code, strerror or str(err), os.fspath(path))
 
@@ -108,6 +111,14 @@ def exception_chain(err: BaseException | None) -> Iterator[BaseException]:
     seen.add(id(err))
     yield err
     err = err.__cause__ or err.__context__
+
+
+def is_write_limit(err: BaseException) -> bool:
+  """Whether `err` (or an error it wraps) says a write met a limit: a full device or quota (`is_disk_full`), or a
+  limit on one file's size (EFBIG: `ulimit -f`)."""
+  if is_disk_full(err):
+    return True
+  return any(getattr(e, "errno", None) == errno_lib.EFBIG or "File too large" in str(e) for e in exception_chain(err))
 
 
 def is_disk_full(err: BaseException) -> bool:

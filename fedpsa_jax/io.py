@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import math
 import os
+import stat
 import warnings
 from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
 
@@ -43,7 +45,7 @@ import ml_collections
 
 from fedpsa_jax import run_identity
 from fedpsa_jax.config.schema import SHARED_SECTIONS
-from fedpsa_jax.errors import ConfigError, DamagedRunFile, OutputWriteError, is_disk_full
+from fedpsa_jax.errors import ConfigError, DamagedRunFile, OutputWriteError, is_write_limit
 
 CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, EVENTS_FILE = "config.json", "summary.json", "metrics.jsonl", "events.jsonl"
 CHECKPOINTS_DIR, CORRUPT_CHECKPOINTS_DIR = "checkpoints", "checkpoints_corrupt"  # (checkpoint.CheckpointStore's)
@@ -63,6 +65,12 @@ EVENTS_FIELDS = {"type": (str,)}  # 'update' or 'round'
 # Every entry of a run directory that a run writes, moves or deletes (the folders with all they hold): none may be
 # a symbolic link (`refuse_links`).
 RUN_WRITES = (*RUN_FILES, CONFIG_FILE + TMP_SUFFIX, SUMMARY_FILE + TMP_SUFFIX, *RUN_DIRS, TENSORBOARD_DIR)
+# The files a run or a sweep rewrites in place (appends to, truncates) rather than replacing them by a new file: none
+# may have another name too (a hard link), whose content would change with them (`refuse_links`).
+IN_PLACE_FILES = (METRICS_FILE, EVENTS_FILE, LOCK_FILE)
+# The folders of a run directory that a run writes into while it runs (checkpoints, TensorBoard events): each is
+# checked before it is written, as the run directory itself is (`RunDir.refuse_links_made`).
+WRITTEN_DIRS = (CHECKPOINTS_DIR, CORRUPT_CHECKPOINTS_DIR, TENSORBOARD_DIR)
 # summary.json's fields that hold text; every other field a reader may compute with holds a number or null (or
 # an object or list, such as `provenance`, which no table reads).
 SUMMARY_TEXT_FIELDS = ("status", "method", "dataset", "model", "execution", "interrupted_by", "error")
@@ -113,24 +121,52 @@ def open_no_follow(path: str | os.PathLike, mode: str = "r", **kwargs: Any) -> A
 def symbolic_link_in(folder: str, names: Iterable[str]) -> str | None:
   """The path of the first of `names` (entries of `folder`) that is a symbolic link, or of a link anywhere inside
   one of them that is a folder (links are not followed); None when there is none."""
-  for name in names:
-    path = os.path.join(folder, name)
-    if os.path.islink(path):
-      return path
-    for root, dirs, files in os.walk(path):  # (nothing when `path` is not a folder; links are not entered)
-      for entry in sorted(dirs + files):
-        if os.path.islink(os.path.join(root, entry)):
-          return os.path.join(root, entry)
+  return next((path for path, _ in _entries(folder, names) if os.path.islink(path)), None)
+
+
+def hard_linked_in(folder: str, names: Iterable[str], rewritten: Iterable[str] = IN_PLACE_FILES
+                   ) -> tuple[str, int] | None:
+  """(path, link count) of the first file named one of `rewritten` among `names` or inside them that has another
+  name too (a hard link: writing it in place writes that other name's content); None when there is none."""
+  rewritten = set(rewritten)
+  for path, st in _entries(folder, names):
+    if os.path.basename(path) in rewritten and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+      return path, st.st_nlink
   return None
 
 
-def refuse_links(folder: str, names: Iterable[str], flag: str = "--workdir") -> None:
+def _entries(folder: str, names: Iterable[str]) -> Iterator[tuple[str, os.stat_result]]:
+  """(path, lstat) of each of `names` in `folder` that exists and of everything inside those that are folders, in
+  a fixed order (links are not followed)."""
+  for name in names:
+    path = os.path.join(folder, name)
+    try:
+      yield path, os.lstat(path)
+    except OSError:
+      continue
+    for root, dirs, files in os.walk(path):  # (nothing when `path` is not a folder; links are not entered)
+      for entry in sorted(dirs + files):
+        with contextlib.suppress(OSError):
+          yield os.path.join(root, entry), os.lstat(os.path.join(root, entry))
+
+
+def refuse_links(folder: str, names: Iterable[str], flag: str = "--workdir",
+                 rewritten: Iterable[str] = IN_PLACE_FILES) -> None:
   """ConfigError naming the entry, before any work, when one of `names` in `folder` (the folder given as `flag`) is
   a symbolic link or holds one (`symbolic_link_in`): writing, moving or deleting through it would change files
-  outside the folders the tool was given."""
+  outside the folders the tool was given; or when a file among them that the tool rewrites in place (`rewritten`:
+  appended, truncated) has another name too (`hard_linked_in`): the tool would rewrite that other file."""
+  names = list(names)
   link = symbolic_link_in(folder, names)
   if link is None:
-    return
+    hard = hard_linked_in(folder, names, rewritten)
+    if hard is None:
+      return
+    path, count = hard
+    raise ConfigError(f"{flag}={folder!r} holds {os.path.relpath(path, folder)} with {count} hard links (one file "
+                      "under other names too, maybe outside the folder), which this tool rewrites in place and so "
+                      "would change under every name; allowed: a file of the folder's own (replace it by a copy: "
+                      f"cp {path!r} {path + '.copy'!r} && mv {path + '.copy'!r} {path!r}), or another {flag}")
   try:
     target = os.readlink(link)
   except OSError:
@@ -161,17 +197,48 @@ def write_json_atomic(path: str, obj: Any) -> None:
 @contextlib.contextmanager
 def _reading(path: str | os.PathLike) -> Iterator[None]:
   """Turns an OSError while reading `path` (a directory where a file belongs, no permission) into a
-  DamagedRunFile naming it."""
+  DamagedRunFile naming it, and JSON nested deeper than Python's parser follows (a RecursionError) into one
+  that says so."""
   try:
     yield
   except OSError as err:
     raise DamagedRunFile(f"{os.fspath(path)} cannot be read ({err.strerror or err}); allowed: a file this user "
                          "can read, as a run writes it") from None
+  except RecursionError:
+    raise DamagedRunFile(f"{os.fspath(path)} holds JSON nested deeper than this reader follows; allowed: a file "
+                         "as a run writes it (a few levels deep)") from None
+
+
+_SPECIAL_FILES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                  (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def open_regular(path: str | os.PathLike, **kwargs: Any) -> TextIO:
+  """`open(path)` for reading, refusing anything but a regular file with a DamagedRunFile naming it: a FIFO would
+  block the reader until something writes to it, a device may never end. Never blocks on opening (O_NONBLOCK,
+  cleared once the file is known to be regular). A directory is an IsADirectoryError, as `open` gives."""
+  try:
+    mode = os.stat(path).st_mode
+  except OSError:
+    mode = 0  # (the open below raises what a missing or forbidden file raises)
+  kind = next((name for test, name in _SPECIAL_FILES if test(mode)), None)
+  if kind is None:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    mode = os.fstat(fd).st_mode  # (what was opened, should the path have changed since the stat)
+    if stat.S_ISREG(mode):
+      os.set_blocking(fd, True)
+      return os.fdopen(fd, "r", **kwargs)
+    os.close(fd)
+    if stat.S_ISDIR(mode):
+      raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+    kind = next((name for test, name in _SPECIAL_FILES if test(mode)), "not a regular file")
+  raise DamagedRunFile(f"{os.fspath(path)} is {kind}, not a regular file; allowed: a file as a run writes it")
 
 
 def read_json(path: str | os.PathLike) -> Any:
-  """A JSON file decoded with `from_json`; DamagedRunFile when it cannot be read or is not JSON."""
-  with _reading(path), open(path) as f:
+  """A JSON file decoded with `from_json`; DamagedRunFile when it cannot be read, is not a regular file or is not
+  JSON."""
+  with _reading(path), open_regular(path) as f:
     try:
       return from_json(json.load(f))
     except ValueError as err:
@@ -200,7 +267,7 @@ def read_jsonl(path: str | os.PathLike, required: Mapping[str, tuple[type, ...]]
   DamagedRunFile naming the file and the line (none of them is what an interrupted write leaves)."""
   if not os.path.exists(path):
     return []
-  with _reading(path), open(path, encoding="utf-8", errors="replace") as f:
+  with _reading(path), open_regular(path, encoding="utf-8", errors="replace") as f:
     lines = [(number, line) for number, line in enumerate(f, 1) if line.strip()]
   records = []
   required = dict(required or {})
@@ -208,6 +275,9 @@ def read_jsonl(path: str | os.PathLike, required: Mapping[str, tuple[type, ...]]
   for i, (number, line) in enumerate(lines):
     try:
       record = from_json(json.loads(line))
+    except RecursionError:
+      raise DamagedRunFile(f"{os.fspath(path)}: line {number} holds JSON nested deeper than this reader follows; "
+                           f"allowed: {allowed}, a few levels deep") from None
     except ValueError as err:
       if i == len(lines) - 1:
         warnings.warn(f"{os.fspath(path)}: its last line (line {number}) is incomplete, as a run stopped while "
@@ -256,7 +326,7 @@ def read_config(run_dir: str | os.PathLike) -> dict | None:
   path = os.path.join(run_dir, CONFIG_FILE)
   if not os.path.exists(path):
     return None
-  with _reading(path), open(path) as f:
+  with _reading(path), open_regular(path) as f:
     try:
       config = json.load(f)
     except ValueError as err:
@@ -324,7 +394,15 @@ def check_run_entries(path: str, extra_dirs: Iterable[str] = ()) -> None:
   entries (`RUN_FILES`, `RUN_DIRS`, and `extra_dirs`: the folders this run's options add) as the other kind (a
   directory where a run writes a file, a file where it keeps a directory, or neither) or as one this user
   cannot read and write (a folder: anything in it)."""
-  for name, want_dir in [(n, False) for n in RUN_FILES] + [(n, True) for n in (*RUN_DIRS, *extra_dirs)]:
+  check_entry_kinds(path, RUN_FILES, (*RUN_DIRS, *extra_dirs), "--workdir", "a run", "a run directory")
+
+
+def check_entry_kinds(path: str, files: Iterable[str], dirs: Iterable[str], flag: str, owner: str,
+                      folder: str) -> None:
+  """`check_run_entries` for any folder a tool writes (a run's, a sweep's, a records folder): each of `files` that
+  exists must be a file this user can read and write, each of `dirs` a folder whose every entry it can use;
+  otherwise ConfigError naming the entry, `owner` (what keeps it: 'a run') and the `folder` ('a run directory')."""
+  for name, want_dir in [(n, False) for n in files] + [(n, True) for n in dirs]:
     entry = os.path.join(path, name)
     if not os.path.lexists(entry):
       continue
@@ -332,15 +410,14 @@ def check_run_entries(path: str, extra_dirs: Iterable[str] = ()) -> None:
     have = ("a directory" if os.path.isdir(entry) else "a file" if os.path.isfile(entry)
             else "neither a file nor a directory")
     if have != want:
-      raise ConfigError(f"--workdir={path!r} holds {name} as {have}, where a run keeps {want}; allowed: a run "
-                        f"directory as a run leaves it (move {entry!r} away), or another --workdir")
+      raise ConfigError(f"{flag}={path!r} holds {name} as {have}, where {owner} keeps {want}; allowed: {folder} as "
+                        f"{owner} leaves it (move {entry!r} away), or another {flag}")
     inaccessible = _inaccessible(entry) if want_dir else (
         None if os.access(entry, os.R_OK | os.W_OK) else entry)
     if inaccessible is not None:
       held = os.path.relpath(inaccessible, path)
-      raise ConfigError(f"--workdir={path!r} holds {held}, which this user cannot read and write; allowed: a run "
-                        f"directory this user can read and write (give it access to {inaccessible!r}), or another "
-                        "--workdir")
+      raise ConfigError(f"{flag}={path!r} holds {held}, which this user cannot read and write; allowed: {folder} "
+                        f"this user can read and write (give it access to {inaccessible!r}), or another {flag}")
 
 
 def _inaccessible(directory: str) -> str | None:
@@ -359,10 +436,11 @@ def _inaccessible(directory: str) -> str | None:
   return None
 
 
-def make_dirs(path: str) -> None:
+def make_dirs(path: str) -> list[str]:
   """`os.makedirs(path, exist_ok=True)`, or nothing: when it fails part-way (a name or a path too long for the
   file system, a permission further down), the directories it made are removed again before the error
-  propagates, so a refused --workdir leaves no empty folders behind."""
+  propagates, so a refused --workdir leaves no empty folders behind. Returns the directories it made, deepest
+  first (for `remove_dirs`, should later work in them fail)."""
   missing, parent = [], os.path.abspath(path)
   while not os.path.lexists(parent) and os.path.dirname(parent) != parent:
     missing.append(parent)
@@ -370,10 +448,16 @@ def make_dirs(path: str) -> None:
   try:
     os.makedirs(path, exist_ok=True)
   except OSError:
-    for made in missing:  # (deepest first; one that is not empty, or another process's, stays)
-      with contextlib.suppress(OSError):
-        os.rmdir(made)
+    remove_dirs(missing)
     raise
+  return missing
+
+
+def remove_dirs(made: Iterable[str]) -> None:
+  """Removes the directories `made` (deepest first) that are empty; one that is not, or another process's, stays."""
+  for folder in made:
+    with contextlib.suppress(OSError):
+      os.rmdir(folder)
 
 
 def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
@@ -384,14 +468,17 @@ def check_workdir(path: str, config: ml_collections.ConfigDict) -> bool:
   (`run_identity.identity_differences`: a difference in a shared field or in the method's own section).
   Creates the directory; returns whether it had to."""
   created = not os.path.isdir(path)
+  probe, made = os.path.join(path, f".write-test-{os.getpid()}"), []
   try:
-    make_dirs(path)
-    probe = os.path.join(path, f".write-test-{os.getpid()}")
+    made = make_dirs(path)
     with open_no_follow(probe, "w") as f:
       f.write("ok")
     os.remove(probe)
   except OSError as err:
-    if is_disk_full(err):  # (not bad input: the same exit code as a disk that fills up during the run)
+    with contextlib.suppress(OSError):  # (nothing left behind: the probe written in part, the folders made for it)
+      os.remove(probe)
+    remove_dirs(made)
+    if is_write_limit(err):  # (not bad input: the same exit code as a disk that fills up during the run)
       raise OutputWriteError.of(err, path) from None
     raise ConfigError(
         f"--workdir={path!r} is not writable ({err.strerror or err}); allowed: a directory this user can "
@@ -451,14 +538,32 @@ def claim(lock_path: str, owner: str, refusal: Callable[[str], str]) -> TextIO:
   return f
 
 
+def refuse_link_made(path: str, was_link: bool = False) -> None:
+  """OutputWriteError (ELOOP: exit 3) naming `path` when it is a symbolic link now and was not one when the work
+  began (`was_link`): a folder replaced by a link while a run or a sweep goes on, whose next write would land
+  where the link points."""
+  if os.path.islink(path) and not was_link:
+    raise OutputWriteError(errno.ELOOP, "it became a symbolic link while the run went on", path)
+
+
 class RunDir:
   """A run's output folder."""
 
   def __init__(self, path: str):
     self.path = path
     os.makedirs(path, exist_ok=True)
+    self._was_link = os.path.islink(path)  # (the folder given may be a link; one made later is refused)
     self._files: dict[str, Any] = {}
     self._lock: Any = None
+
+  def refuse_links_made(self) -> None:
+    """OutputWriteError (exit 3) naming it when the run directory, or a folder in it that the run writes into
+    (`WRITTEN_DIRS`), has become a symbolic link since the run began (`refuse_link_made`). Called before each
+    write into those folders: the files themselves are opened without following links (`open_no_follow`), the
+    folders they lie in are checked here."""
+    refuse_link_made(self.path, self._was_link)
+    for name in WRITTEN_DIRS:
+      refuse_link_made(self.file(name))
 
   def lock(self) -> None:
     """Claims the directory for this run until `close()` (`claim`). ConfigError if another run holds it: two

@@ -57,7 +57,7 @@ from fedpsa_jax import config as config_lib
 from fedpsa_jax import compilation_cache as compilation_cache_lib
 from fedpsa_jax import io, run_identity
 from fedpsa_jax.data import fingerprint
-from fedpsa_jax.errors import ConfigError, DamagedRunFile, OutputWriteError, is_disk_full
+from fedpsa_jax.errors import ConfigError, DamagedRunFile, OutputWriteError, is_write_limit
 from fedpsa_jax.validation import INT64_MAX
 
 SWEEP_FILE = "sweep.json"
@@ -249,6 +249,7 @@ def run_member(config_json: dict[str, Any], run_dir: str, compilation_cache: str
   run directories and give the same summaries. A partial run directory continues from its checkpoint.
   `compilation_cache`: a directory for `compilation_cache.enable` (None: leave JAX as configured).
   """
+  io.refuse_link_made(os.path.dirname(run_dir))  # (SWEEP_DIR/runs, checked at the start, made a link since: exit 3)
   if is_done(config_json, run_dir):  # (before JAX is imported: a Ray task's fresh process skips it cheaply)
     return {**io.read_summary(run_dir), "sweep_action": "skipped"}
   from fedpsa_jax.sim import runner  # imported here: expanding a sweep needs no JAX
@@ -268,7 +269,11 @@ def check_records_dir(records_dir: str, sweep: ml_collections.ConfigDict, sweep_
                       "records are a copy of the finished members, without their checkpoints)")
   if os.path.lexists(records_dir) and not os.path.isdir(records_dir):
     raise ConfigError(f"--records={records_dir!r} is not a directory; allowed: a directory (made if missing)")
-  io.refuse_links(records_dir, RECORDS_WRITES, "--records")  # (a member's file linked elsewhere is never copied)
+  # (a member's file linked elsewhere is never copied; records are only copied, never rewritten in place: a hard
+  # link there, a `cp -al` backup, is harmless)
+  io.refuse_links(records_dir, RECORDS_WRITES, "--records", rewritten=())
+  io.check_entry_kinds(records_dir, (SWEEP_FILE, SWEEP_FILE + io.TMP_SUFFIX), (RUNS_DIR,), "--records",
+                       "a sweep", "a records directory")
   if not os.path.exists(os.path.join(records_dir, SWEEP_FILE)):
     return
   try:
@@ -289,6 +294,8 @@ def check_dirs(sweep: ml_collections.ConfigDict, sweep_dir: str, records_dir: st
   cache = [os.path.relpath(compilation_cache, sweep_dir)] if compilation_cache and os.path.abspath(
       os.path.dirname(compilation_cache)) == os.path.abspath(sweep_dir) else []
   io.refuse_links(sweep_dir, (*SWEEP_WRITES, *cache))
+  io.check_entry_kinds(sweep_dir, (LOCK_FILE, SWEEP_FILE, SWEEP_FILE + io.TMP_SUFFIX), (RUNS_DIR,), "--workdir",
+                       "a sweep", "a sweep directory")
   if records_dir:
     check_records_dir(records_dir, sweep, sweep_dir)
 
@@ -303,6 +310,7 @@ def save_record(run_dir: str, records_dir: str, name: str) -> bool:
     return False
   target = member_dir(records_dir, name)
   fresh, stale = f"{target}.new", f"{target}.old"
+  io.refuse_link_made(os.path.dirname(target))  # (RECORDS/runs, checked at the start, made a link since: exit 3)
   try:
     for leftover in (fresh, stale):  # (a copy an interrupted save left)
       shutil.rmtree(leftover, ignore_errors=True)
@@ -350,8 +358,9 @@ def _open_records(sweep: ml_collections.ConfigDict, members: Sequence[Member], s
 
 
 def _stop_if_disk_full(err: BaseException, run_dir: str) -> None:
-  """Raises the OutputWriteError of a member that failed on a full disk (or quota): the sweep stops there."""
-  if is_disk_full(err):
+  """Raises the OutputWriteError of a member that failed on a full disk (or quota, or a file-size limit): the sweep
+  stops there."""
+  if is_write_limit(err):
     raise OutputWriteError.of(err, getattr(err, "filename", None) or run_dir) from None
 
 
@@ -378,7 +387,7 @@ def _collect(members: Sequence[Member], completions: Iterator[Completion], sweep
     try:
       results[m.name] = outcome()
     except Exception as err:  # noqa: BLE001 — one broken member must not stop a long sweep
-      if is_disk_full(err):
+      if is_write_limit(err):
         stop()
       _stop_if_disk_full(err, member_dir(sweep_dir, m))
       results[m.name] = _failure(m, err)

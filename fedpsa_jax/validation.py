@@ -128,11 +128,24 @@ def get_field(config: Any, path: str) -> Any:
   return node
 
 
+SHOWN_CHARS = 200  # the most of a value's repr that a message shows (`shown`)
+
+
+def shown(value: Any) -> str:
+  """`repr(value)`, or for a huge value (a 20,000-element tuple) its start and its size: a message names a value,
+  it never echoes the whole of one."""
+  text = repr(value)
+  if len(text) <= SHOWN_CHARS:
+    return text
+  items = f"{len(value):,} items, " if isinstance(value, (list, tuple, dict, set, frozenset)) else ""
+  return f"{text[:SHOWN_CHARS]}… ({items}{len(text):,} characters)"
+
+
 def error(field: str, value: Any, allowed: str) -> str:
-  """The one shape of a config error message: the field, the value and what is allowed."""
+  """The one shape of a config error message: the field, the value (`shown`) and what is allowed."""
   if value is MISSING:
     return f"{field} is missing; allowed: {allowed}"
-  return f"{field}={value!r} is invalid; allowed: {allowed}"
+  return f"{field}={shown(value)} is invalid; allowed: {allowed}"
 
 
 def field_errors(config: Any, rows: Sequence[tuple[str, Validator]]) -> list[str]:

@@ -619,8 +619,8 @@ def learning_curve(run_dir: str, path: str) -> str:
 
 
 def write_text(path: str, text: str) -> str:
-  """`text` into the file `path`; `path`."""
-  with open(path, "w") as f:
+  """`text` into the file `path` (never through a symbolic link made there since the report began); `path`."""
+  with io.open_no_follow(path, "w") as f:
     f.write(text)
   return path
 
@@ -641,8 +641,9 @@ def _csv_float(value: float) -> str:
 def write_csv(frame: pd.DataFrame, path: str) -> str:
   """`frame` as CSV at `path`, its index written only when named (the row labels of a table), its fractional floats
   at `CSV_SIGNIFICANT_DIGITS` significant digits (so that a redraw on another machine writes the same bytes) and
-  its whole ones whole; `path`."""
-  frame.to_csv(path, index=frame.index.names != [None], float_format=_csv_float)
+  its whole ones whole; `path` (never written through a symbolic link made there since the report began)."""
+  with io.open_no_follow(path, "w", newline="") as f:
+    frame.to_csv(f, index=frame.index.names != [None], float_format=_csv_float)
   return path
 
 

@@ -104,12 +104,19 @@ def _user_frame(err: BaseException) -> str:
   return ""
 
 
+MAX_LINE = 2_000  # the longest error line printed: past it, the middle is left out (`one_line`)
+
+
 def one_line(text: str) -> str:
-  """`text` with its lines joined (a message that lists several problems keeps them, separated by '; ')."""
+  """`text` with its lines joined (a message that lists several problems keeps them, separated by '; '), at most
+  MAX_LINE characters: a message that echoes a huge value (a library's, which `validation.shown` did not shorten)
+  keeps its start and its end (what is allowed) and says how much it left out."""
   lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-  if len(lines) > 1 and lines[0].endswith(":"):
-    return lines[0] + " " + "; ".join(lines[1:])
-  return "; ".join(lines)
+  line = lines[0] + " " + "; ".join(lines[1:]) if len(lines) > 1 and lines[0].endswith(":") else "; ".join(lines)
+  if len(line) <= MAX_LINE:
+    return line
+  head, tail = MAX_LINE * 3 // 5, MAX_LINE // 5
+  return f"{line[:head]} … ({len(line) - head - tail:,} characters left out) … {line[-tail:]}"
 
 
 # --- stdout ------------------------------------------------------------------------------------------

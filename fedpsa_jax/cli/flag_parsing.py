@@ -175,7 +175,8 @@ def parse_flags(argv: list[str]) -> list[str]:
       raise errors.ConfigError(f"--config={spec!r}: no such file; allowed: a config file such as "
                                f"{DEFAULT_CONFIG}[:arg], or a sweep config "
                                f"configs/paper/{{{','.join(_paper_configs())}}}[:smoke][,seeds=K]")
-    rest = flags.FLAGS(argv)
+    with config_lib.quiet_loader():
+      rest = flags.FLAGS(argv)
     config = flags.FLAGS["config"].value
     if config is not None and not isinstance(config, ml_collections.ConfigDict):
       getattr(config, "method")  # (ml_collections defers a file it could not open to the config's first use)
@@ -183,6 +184,11 @@ def parse_flags(argv: list[str]) -> list[str]:
       raise errors.ConfigError(_not_a_config(spec, config))
     _set_nones(config, argv)
     config_lib.data_path_replaces_name(config, {field for field, _ in _overrides(argv)})
+  except SystemExit as err:  # (absl's --help exits too: only the config file's own exit is bad input)
+    if not config_lib.exited_in(err, spec.split(":", 1)[0]):
+      raise
+    _refuse(f"--config={spec}: the config file exited (sys.exit({err.code!r})) while it was loaded; allowed: a "
+            "config file whose get_config(arg) returns a ConfigDict")
   except Exception as err:  # noqa: BLE001 — see the module docstring: all of it is bad input
     own = isinstance(err, errors.ConfigError) and str(err).startswith(("--config=", "--config."))
     _refuse(cli.one_line(str(err)) if own else _flags_error_message(err, argv, spec))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging as std_logging
 import os
+import warnings
 from types import MappingProxyType
 from typing import Callable, Mapping
 
@@ -202,6 +203,9 @@ def quiet_library_logs() -> None:
   (`UNACTIONABLE_WARNINGS`); the run's own lines are printed, not logged."""
   logging.set_verbosity(logging.WARNING)
   std_logging.getLogger().setLevel(std_logging.WARNING)
+  # JAX warns when it cannot write a compiled program to its persistent cache (a full disk, `ulimit -f`) and goes
+  # on without it: the run's own writes meet the same limit and say so in one line.
+  warnings.filterwarnings("ignore", message="Error writing persistent compilation cache entry", category=UserWarning)
   absl_logger = std_logging.getLogger("absl")
   if _actionable not in absl_logger.filters:
     absl_logger.addFilter(_actionable)

@@ -6,11 +6,14 @@ axes all come here, so an unknown field, or one that has moved, gets the same on
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
+import logging
 import os
 import sys
+import traceback
 import warnings
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import ml_collections
 from ml_collections.config_flags import config_flags  # (its ConfigFileFlagParser: what --config uses)
@@ -60,9 +63,12 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
   # (a get_config of the file loaded before) would survive: each load starts from a new module.
   sys.modules.pop("fedpsa_config_file_config", None)
   try:
-    with warnings.catch_warnings():  # (its loader's own deprecation, under Python 3.11: nothing a user can act on)
-      warnings.filterwarnings("ignore", "the load_module", DeprecationWarning)
+    with quiet_loader():
       config = config_flags.ConfigFileFlagParser("fedpsa_config_file", lock_config=False).parse(spec)
+  except SystemExit as err:
+    if not exited_in(err, path):
+      raise
+    raise ConfigError(f"config file {path!r} exited (sys.exit({err.code!r})) while it was loaded; {allowed}") from None
   except AttributeError as err:
     if "get_config" not in str(err):
       raise
@@ -72,6 +78,28 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
   if not isinstance(config, ml_collections.ConfigDict):
     raise ConfigError(f"config file {path!r}: get_config() returned {type(config).__name__}; {allowed}")
   return config
+
+
+@contextlib.contextmanager
+def quiet_loader() -> Iterator[None]:
+  """While a config file loads: without ml_collections' loader deprecation (under Python 3.11) and its absl log
+  lines (a get_config that returns None is also logged as a warning), which the one-line error says better."""
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)
+  try:
+    with warnings.catch_warnings():
+      warnings.filterwarnings("ignore", "the load_module", DeprecationWarning)
+      yield
+  finally:
+    absl_logger.setLevel(level)
+
+
+def exited_in(err: SystemExit, path: str) -> bool:
+  """Whether `err` was raised by the code of the file `path` (a config file that calls sys.exit)."""
+  target = os.path.realpath(path)
+  return any(os.path.realpath(frame.f_code.co_filename) == target
+             for frame, _ in traceback.walk_tb(err.__traceback__))
 
 
 def _leaf_paths(node: Any, prefix: str = "") -> list[str]:

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
+import logging
 import math
 import os
 import sys
@@ -217,6 +219,25 @@ def read_split(name: str, split: str, data_dir: str | None, folder: str | None,
 
   `folder` is the dataset's version folder (its `layout` already read), or None for tfds to find `name` under
   `data_dir` (the layout is then read from what tfds opened)."""
+  with _quiet_tfds():
+    return _read_split(name, split, data_dir, folder, layout)
+
+
+@contextlib.contextmanager
+def _quiet_tfds() -> Iterator[None]:
+  """tfds' own log lines (absl warnings: "Split train has no examples", "OpenCV is not installed") kept off the
+  console while it reads: what goes wrong is said in one DataError line, and the rest is not for the user."""
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    absl_logger.setLevel(level)
+
+
+def _read_split(name: str, split: str, data_dir: str | None, folder: str | None,
+                layout: Layout | None) -> tuple[np.ndarray, np.ndarray, Layout]:
   if folder is not None:
     cached = _cached(_cache_path(folder, name, split), _split_length(folder, split), layout.shape)
     if cached is None:
@@ -224,7 +245,7 @@ def read_split(name: str, split: str, data_dir: str | None, folder: str | None,
       with _unreadable_records(where, split):
         source = _open_folder_split(folder, split)
         _check_fits(source, layout, where, split)
-        cached = _decode(source, layout)
+        cached = _decode(source, layout, where, split)
       _store(_cache_path(folder, name, split), cached)
   else:
     source = _open_named_split(name, split, data_dir)
@@ -235,7 +256,7 @@ def read_split(name: str, split: str, data_dir: str | None, folder: str | None,
       where = f"tfds dataset {name!r} ({source.dataset_info.data_dir})"
       with _unreadable_records(where, split):
         _check_fits(source, layout, where, split)
-        cached = _decode(source, layout)
+        cached = _decode(source, layout, where, split)
       _store(path, cached)
   for array in cached:
     array.flags.writeable = False
@@ -320,16 +341,47 @@ def _check_fits(source, layout: Layout, where: str, split: str) -> None:
   limits.check_fits_memory(where, f"the {n:,} images of its {split!r} split", pixels, pixels)
 
 
-def _decode(source, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
-  """Every record of a tfds source, decoded one by one: the layout's image and label features."""
+def _decode(source, layout: Layout, where: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+  """Every record of a tfds source, decoded one by one: the layout's image and label features. DataError naming
+  the record when its image is not of the declared shape (assigned as it came, a grey image would be broadcast
+  over the three channels that features.json declares, silently)."""
+  _check_channels(source, layout, where, split)
   n = len(source)
   images = np.empty((n, *layout.shape), dtype=np.uint8)
   labels = np.empty(n, dtype=np.int32)
   for i in range(n):
     record = source[i]
-    images[i] = record[layout.image]
+    image = np.asarray(record[layout.image])
+    if image.shape != layout.shape:
+      raise DataError(f"{where}: record {i} of its {split!r} split holds an image of shape {image.shape}, where its "
+                      f"features.json declares {layout.shape} for {layout.image!r}; allowed: records of the declared "
+                      "shape (prepare the folder again, or correct features.json)")
+    images[i] = image
     labels[i] = record[layout.label]
   return images, labels
+
+
+def _check_channels(source, layout: Layout, where: str, split: str) -> None:
+  """DataError when the first record's encoded image has another number of channels than features.json declares:
+  tfds decodes a grey PNG declared as 3 channels into three copies of its grey, and the mismatch would pass unseen.
+  The header is read with PIL (what tfds decodes with); an image PIL cannot tell, or a palette image (whose
+  channels the declared shape decides), is left to the decoder."""
+  import tensorflow_datasets as tfds
+  from PIL import Image
+
+  try:
+    raw = source.dataset_info.features.deserialize_example_np(
+        source.data_source[0], decoders={layout.image: tfds.decode.SkipDecoding()})[layout.image]
+    mode = Image.open(io.BytesIO(raw)).mode
+  except Exception:  # noqa: BLE001 — not an encoded image this check can read: the decoder speaks for it
+    return
+  channels = {"1": 1, "L": 1, "I": 1, "F": 1, "I;16": 1, "LA": 2, "RGB": 3, "YCbCr": 3, "LAB": 3, "HSV": 3,
+              "RGBA": 4, "CMYK": 4}.get(mode)
+  if channels is not None and channels != layout.shape[-1]:
+    raise DataError(f"{where}: the images of its {split!r} split are encoded with {channels} channel(s) (PIL mode "
+                    f"{mode!r}), where its features.json declares {layout.shape[-1]} for {layout.image!r} "
+                    f"(shape {layout.shape}); allowed: a features.json that declares the records' own shape "
+                    "(prepare the folder again)")
 
 
 def not_found_message(name: str, data_dir: str | None) -> str:

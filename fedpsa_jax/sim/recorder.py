@@ -55,8 +55,11 @@ class Recorder:
 
   @contextlib.contextmanager
   def _writing(self, name: str) -> Iterator[None]:
-    """Turns an OSError while writing output `name` into an OutputWriteError naming its path."""
+    """Turns an OSError while writing output `name` into an OutputWriteError naming its path; refuses first a
+    folder the write would go through that has become a symbolic link since the run began (exit 3)."""
     try:
+      if self.rundir is not None:
+        self.rundir.refuse_links_made()
       yield
     except errors.OutputWriteError:
       raise
@@ -167,9 +170,10 @@ class Recorder:
     delivered: the run stops with this checkpoint as its newest); a full disk is an OutputWriteError."""
     with signals.deferred_signals():
       try:
+        self.rundir.refuse_links_made()  # (orbax follows links: the checkpoints must stay in the run directory)
         self.checkpoints.save(step, snapshot, io.config_json(self.config))
       except Exception as err:
-        if isinstance(err, OSError) or errors.is_disk_full(err):  # (orbax may wrap the OS error)
+        if isinstance(err, OSError) or errors.is_write_limit(err):  # (orbax may wrap the OS error)
           raise errors.OutputWriteError.of(err, os.path.join(self.checkpoints.directory, str(step))) from err
         raise
 

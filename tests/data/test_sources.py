@@ -245,8 +245,8 @@ def _decodes(monkeypatch) -> list:
   """Counts the record-by-record decodes (the slow path the cache saves)."""
   calls = []
   decode = tfds_reader._decode
-  monkeypatch.setattr(tfds_reader, "_decode", lambda source, layout: (calls.append(len(source)),
-                                                                      decode(source, layout))[1])
+  monkeypatch.setattr(tfds_reader, "_decode", lambda source, layout, *where: (calls.append(len(source)),
+                                                                              decode(source, layout, *where))[1])
   return calls
 
 

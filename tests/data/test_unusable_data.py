@@ -15,6 +15,7 @@ from __future__ import annotations
 import io as std_io
 import json
 import os
+import shutil
 import zipfile
 
 import numpy as np
@@ -165,4 +166,30 @@ TFDS_DEFECTS = [  # (id, damage, the words of the one line)
 def test_a_damaged_tfds_folder_is_one_line_naming_it(colour, damage, words):
   damage(colour)
   message = _refused(colour, words)
+  assert "Traceback" not in message
+
+
+@pytest.mark.parametrize("channels,encoded", [("3", "1 channel(s) (PIL mode 'L')"), ("1", None)])
+def test_features_json_that_declares_other_channels_than_the_records_is_refused(channels, encoded, colour, tmp_path,
+                                                                                  monkeypatch):
+  # tfds decodes a grey PNG declared as 3 channels into three copies of its grey (and a colour one declared as 1
+  # fails to broadcast): the declared channels and the encoded ones must agree. The grey folder: the mnist fixture.
+  folder = colour
+  if channels == "3":
+    folder = str(tmp_path / "grey" / "mnist" / "3.0.1")
+    shutil.copytree(os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "tensorflow_datasets",
+                                 "mnist", "3.0.1"), folder)
+    feature = "image"
+  else:
+    feature = "picture"
+
+  def declare(spec):
+    spec["featuresDict"]["features"][feature]["image"]["shape"]["dimensions"][-1] = channels
+  _edit("features.json", declare)(folder)
+  if encoded:
+    message = _refused(folder, f"the images of its 'train' split are encoded with {encoded}, where its features.json "
+                               f"declares {channels} for {feature!r}")
+  else:
+    message = _refused(folder, "the images of its 'train' split are encoded with 3 channel(s) (PIL mode 'RGB'), where "
+                               "its features.json declares 1")
   assert "Traceback" not in message
