@@ -67,7 +67,7 @@ test-avx2: $(STAMP)
 RESULTS ?= runs/results
 EXECUTOR ?= local
 DATA ?= $(HOME)/tensorflow_datasets
-RESULT_SWEEPS := table1_mnist_5k fedpsa_parts shape_step horizon mnist_full
+RESULT_SWEEPS := table1_mnist_5k fedpsa_parts shape_step horizon mnist_full step_tuning
 results: $(STAMP)
 	for s in $(RESULT_SWEEPS); do \
 		arg=$$(test $$s = mnist_full && echo ":data.data_dir=$(DATA)"); \
