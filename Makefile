@@ -60,9 +60,9 @@ test-avx2: $(STAMP)
 		$(NUMERICS_TESTS) $(ARGS)
 
 # docs/results.md's sweeps (hours to days of a 2-core CPU; rerun to resume: finished members are skipped), then
-# their reports. Each sweep keeps its finished members' records (config, summary, metrics, events; no checkpoints)
-# in results/<sweep>/ (--records), a sweep directory small enough to commit: the reports are drawn from there, and
-# on a fresh clone a sweep starts from them. mnist_full needs the full MNIST prepared in DATA (README, "Data").
+# their reports. Each sweep keeps its finished members' records (config, summary, metrics and events compressed; no
+# checkpoints) in results/<sweep>/ (--records), a sweep directory small enough to commit: the reports are drawn from
+# there, and on a fresh clone a sweep starts from them. mnist_full needs the full MNIST prepared in DATA (README, "Data").
 # RESULTS: where the runs themselves (with checkpoints) go; EXECUTOR=ray: members as Ray tasks.
 RESULTS ?= runs/results
 EXECUTOR ?= local

@@ -203,10 +203,10 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, progre
 def load_run(workdir: str | os.PathLike, label: str | None = None) -> RunResult:
   """A run directory written by `run(..., workdir)` or `launch.py` as a RunResult.
 
-  Reads metrics.jsonl (required), summary.json and config.json (empty / None when absent, e.g. for a
-  run that is still going or was killed before writing them).
+  Reads metrics.jsonl (required; or metrics.jsonl.xz, as a records directory keeps it), summary.json and
+  config.json (empty / None when absent, e.g. for a run that is still going or was killed before writing them).
   """
-  if not os.path.exists(os.path.join(workdir, io.METRICS_FILE)):
+  if not io.stored(os.path.join(workdir, io.METRICS_FILE)):
     raise FileNotFoundError(f"{workdir!r} is not a run directory: it has no {io.METRICS_FILE}")
   record = io.read_run(workdir, events=False)  # (RunResult.events reads them when asked)
   config = ml_collections.ConfigDict(record.config) if record.config is not None else None

@@ -62,6 +62,10 @@ from fedpsa_jax.validation import INT64_MAX
 
 SWEEP_FILE = "sweep.json"
 RECORD_FILES = (io.CONFIG_FILE, io.SUMMARY_FILE, io.METRICS_FILE, io.EVENTS_FILE)  # what `is_done` and a report read
+# The record files a records directory keeps compressed (`io.compress_jsonl`: FILE.xz, read as FILE by `io`): the
+# per-evaluation and per-update logs, nearly all of a record's bytes. A record written plain (by an earlier version,
+# or copied in by hand) is read the same; `compress_records` converts one.
+COMPRESSED_FILES = (io.METRICS_FILE, io.EVENTS_FILE)
 FINISHED = ("completed", "diverged")  # the run statuses whose record is kept (`save_record`)
 LOCK_FILE = io.LOCK_FILE
 RUNS_DIR = "runs"
@@ -316,8 +320,10 @@ def save_record(run_dir: str, records_dir: str, name: str) -> bool:
       shutil.rmtree(leftover, ignore_errors=True)
     os.makedirs(fresh)
     for file in RECORD_FILES:
-      if os.path.exists(os.path.join(run_dir, file)):  # (a link, made since the check, is copied as a link)
+      if os.path.lexists(os.path.join(run_dir, file)):  # (a link, made since the check, is copied as a link)
         shutil.copy2(os.path.join(run_dir, file), fresh, follow_symlinks=False)
+    for file in COMPRESSED_FILES:  # (kept as FILE.xz: what every reader of `io` reads as FILE)
+      io.compress_jsonl(os.path.join(fresh, file))
     if os.path.exists(target):
       os.replace(target, stale)
     os.replace(fresh, target)
@@ -325,6 +331,17 @@ def save_record(run_dir: str, records_dir: str, name: str) -> bool:
   except OSError as err:
     raise OutputWriteError.of(err, err.filename or target) from None
   return True
+
+
+def compress_records(records_dir: str) -> int:
+  """Compresses the plain metrics and events of every record in `records_dir` (`COMPRESSED_FILES`), as
+  `save_record` keeps them; the number of files compressed. For records an earlier version wrote plain."""
+  count = 0
+  for name in sorted(os.listdir(os.path.join(records_dir, RUNS_DIR))):
+    folder = os.path.join(records_dir, RUNS_DIR, name)
+    if os.path.isdir(folder) and not os.path.islink(folder):
+      count += sum(io.compress_jsonl(os.path.join(folder, file)) for file in COMPRESSED_FILES)
+  return count
 
 
 def restore_records(records_dir: str, sweep_dir: str, members: Sequence[Member]) -> list[str]:
@@ -339,6 +356,8 @@ def restore_records(records_dir: str, sweep_dir: str, members: Sequence[Member])
     try:
       shutil.rmtree(f"{run_dir}.new", ignore_errors=True)  # (a copy an interrupted restore left)
       shutil.copytree(record, f"{run_dir}.new", symlinks=True)  # (links as links, never their targets)
+      for file in COMPRESSED_FILES:  # (a run appends to the plain files, should it be extended)
+        io.decompress_jsonl(os.path.join(f"{run_dir}.new", file))
       os.replace(f"{run_dir}.new", run_dir)
     except OSError as err:
       raise OutputWriteError.of(err, err.filename or run_dir) from None

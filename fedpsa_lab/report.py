@@ -175,7 +175,7 @@ def sweep_report(sweep_dir: str, layout: dict[str, Any] | None = None) -> list[s
   written += tuning.write(frame, sweep, out, title)  # a tuning sweep's selection (`analysis.selection`), if any
   written += event_correlations.write(frame, spec, out, title)  # `report.partial_correlations`, if any
   written += kinds[kind](SweepReport(sweep_dir, sweep, frame, spec, out, title))
-  run_dirs = [d for d in frame["run_dir"] if os.path.exists(os.path.join(d, "metrics.jsonl"))]
+  run_dirs = [d for d in frame["run_dir"] if io.stored(os.path.join(d, io.METRICS_FILE))]
   for d in run_dirs:
     written += figures.run_figures(d, os.path.join(out, "runs", os.path.basename(d)))
   written += figures.group_figures(run_dirs, out)
@@ -201,7 +201,7 @@ def build(workdir: str, layout: dict[str, Any] | None = None) -> list[str]:
   try:
     if os.path.exists(os.path.join(workdir, sweep_lib.SWEEP_FILE)):
       return sweep_report(workdir, layout)
-    if os.path.exists(os.path.join(workdir, io.METRICS_FILE)):
+    if io.stored(os.path.join(workdir, io.METRICS_FILE)):
       if layout is not None:
         raise ReportError(f"--config names sweep {layout.get('name')!r} but {workdir!r} is a run directory; allowed: "
                           "with a run directory, no sweep config (a run's report has no layout)")

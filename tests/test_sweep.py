@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import lzma
 import os
 import subprocess
 import sys
@@ -140,9 +141,15 @@ def _files(directory):
           if os.path.isfile(os.path.join(directory, name))}
 
 
+def _unpacked(directory):
+  """`_files` of a record with its compressed files decompressed, under the plain names (what a reader reads)."""
+  return {name.removesuffix(".xz"): lzma.decompress(data) if name.endswith(".xz") else data
+          for name, data in _files(directory).items()}
+
+
 def test_records_keep_the_finished_members_and_bring_them_to_a_fresh_machine(tmp_path, fake_runs):
   """--records: each completed member's config, summary and metrics (not its checkpoints, not a failed run) are
-  copied byte for byte; a fresh sweep directory with the same records runs only what is not recorded."""
+  kept byte for byte (metrics compressed); a fresh sweep directory with the same records runs only what is not recorded."""
   first, records = str(tmp_path / "first"), str(tmp_path / "records")
   fake_runs.fail = {"fedasync": "failed"}
   results = sweep.run_local(_tiny_sweep(), first, log=lambda _: None, records_dir=records)
@@ -150,9 +157,9 @@ def test_records_keep_the_finished_members_and_bring_them_to_a_fresh_machine(tmp
   assert [r["status"] for r in results.values()] == ["completed", "failed", "completed"]
   assert sorted(os.listdir(os.path.join(records, "runs"))) == ["method=fedbuff,seed=0", "method=fedpsa,seed=0"]
   for name in ("method=fedbuff,seed=0", "method=fedpsa,seed=0"):
-    kept = _files(os.path.join(records, "runs", name))
-    assert sorted(os.listdir(os.path.join(records, "runs", name))) == list(kept) == [
-        "config.json", "metrics.jsonl", "summary.json"]
+    kept = _unpacked(os.path.join(records, "runs", name))
+    assert sorted(os.listdir(os.path.join(records, "runs", name))) == [
+        "config.json", "metrics.jsonl.xz", "summary.json"]
     assert kept == {k: v for k, v in _files(os.path.join(first, "runs", name)).items() if k in kept}
   assert _files(records)["sweep.json"] == _files(first)["sweep.json"]
 
@@ -163,8 +170,8 @@ def test_records_keep_the_finished_members_and_bring_them_to_a_fresh_machine(tmp
   assert fake_runs.ran == ["fedasync"]
   assert [r["sweep_action"] for r in results.values()] == ["skipped", "ran", "skipped"]
   assert logged[0] == f"2 finished member(s) restored from the records in {records}"
-  assert _files(os.path.join(fresh, "runs", "method=fedbuff,seed=0")) == _files(
-      os.path.join(records, "runs", "method=fedbuff,seed=0"))
+  assert _files(os.path.join(fresh, "runs", "method=fedbuff,seed=0")) == _unpacked(
+      os.path.join(records, "runs", "method=fedbuff,seed=0"))  # (restored plain, byte for byte)
   assert len(os.listdir(os.path.join(records, "runs"))) == 3  # the member finished here is recorded too
 
 
@@ -191,8 +198,11 @@ def test_a_record_is_replaced_whole_and_only_by_a_finished_run(tmp_path, fake_ru
   _FakeSimulation(member.config, run_dir).run()
   assert sweep.save_record(run_dir, records, member.name)
   assert sorted(os.listdir(os.path.join(records, "runs"))) == [member.name]
-  assert sorted(os.listdir(old)) == ["config.json", "metrics.jsonl", "summary.json"]
-  assert _files(old) == _files(run_dir)
+  # Kept as a records directory keeps them: metrics (and events) compressed, read back as the run wrote them.
+  assert sorted(os.listdir(old)) == ["config.json", "metrics.jsonl.xz", "summary.json"]
+  assert {n: c for n, c in _files(old).items() if n != "metrics.jsonl.xz"} == {
+      n: c for n, c in _files(run_dir).items() if n != "metrics.jsonl"}
+  assert lzma.decompress(_files(old)["metrics.jsonl.xz"]) == _files(run_dir)["metrics.jsonl"]
   for status, kept in (("interrupted", False), ("diverged", True)):  # a divergence is a result the report shows
     _FakeSimulation.fail = {"fedbuff": status}
     _FakeSimulation(member.config, str(tmp_path / status)).run()
@@ -212,7 +222,7 @@ def test_records_of_another_budget_and_runs_already_started_are_left_alone(tmp_p
   os.makedirs(os.path.join(fresh, "runs", "method=fedasync,seed=0.new", "half"))  # an interrupted restore's copy
   assert sweep.restore_records(records, fresh, members) == ["method=fedasync,seed=0", "method=fedpsa,seed=0"]
   assert sorted(os.listdir(os.path.join(fresh, "runs", "method=fedasync,seed=0"))) == [
-      "config.json", "metrics.jsonl", "summary.json"]
+      "config.json", "metrics.jsonl", "summary.json"]  # (plain again: a run appends to it if extended)
   assert os.listdir(started) == ["checkpoints"]
   assert sweep.restore_records(records, str(tmp_path / "other"), sweep.expand(longer)) == []
 
