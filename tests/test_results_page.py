@@ -93,8 +93,8 @@ def _sd_of(half_width: float, n: int) -> float:
   return half_width * math.sqrt(n) / scipy.stats.t.ppf(0.975, n - 1)
 
 
-def _effect_with_80_percent_power(sd: float, n: int) -> float:
-  return scipy.optimize.brentq(lambda effect: report_stats.power_paired_t(sd, n, effect) - 0.8, 1e-6, 100.0)
+def _effect_with_80_percent_power(sd: float, n: int, level: float = report_stats.SIGNIFICANCE) -> float:
+  return scipy.optimize.brentq(lambda effect: report_stats.power_paired_t(sd, n, effect, level) - 0.8, 1e-6, 100.0)
 
 
 def _section(prefix: str) -> str:
@@ -116,6 +116,17 @@ def test_the_power_as_run_figures_follow_from_the_committed_reports():
   assert (f"are {sds[0]:.2f} (FedPSA − FedBuff), {sds[1]:.2f} (κ − uniform) and {sds[2]:.2f} (near-exact − k = 16)"
           in power_line)
   assert f"80% power for {effects[0]:.2f}, {effects[1]:.2f} and {effects[2]:.2f} points" in power_line
+  # ...and for the test read, Holm's over the family: its first threshold, 0.05 / 3 (Q2) and 0.05 / 4 (Q1).
+  holm = [_effect_with_80_percent_power(sd, int(r["seeds"]), 0.05 / 3) for sd, r in zip(sds, q2)]
+  power_line = " ".join(_section("Q2.").split("**Power as run:**")[1].split())
+  assert f"(0.05 / 3), the test read, 80% power for {holm[0]:.2f}, {holm[1]:.2f} and {holm[2]:.2f} points" in power_line
+  q1_sd = _sd_of(float(total["ci95_half_width"]), int(total["seeds"]))
+  q1_text = " ".join(_section("Q1.").split("**Power as run:**")[1].split())
+  assert (f"it had {100 * report_stats.power_paired_t(q1_sd, 8, 1.0, 0.05 / 4):.0f}% power for one point, and 80% only "
+          f"for {_effect_with_80_percent_power(q1_sd, 8, 0.05 / 4):.2f} points") in q1_text
+  q1_design = " ".join(_section("Q1.").split("**Power.**")[1].split("**Members")[0].split())
+  assert (f"{100 * report_stats.power_paired_t(0.86, 8, 1.0, 0.05 / 4):.0f}% power for one point at SD 0.86 (80% for "
+          f"{_effect_with_80_percent_power(0.86, 8, 0.05 / 4):.2f} points)") in q1_design
 
   q3 = {r["group"]: r for r in _report_csv("horizon", "partial_correlations.csv") if "arrival_time" not in r["given"]}
   z_sd = {group: _sd_of((math.atanh(float(r["run_partial_high"])) - math.atanh(float(r["run_partial_low"]))) / 2,
