@@ -64,7 +64,7 @@ def test_table_cells_are_mean_and_interval_over_seeds_in_the_paper_layout(tmp_pa
   counts = pd.read_csv(os.path.join(workdir, "report", "table_n.csv")).set_index("method")
   markdown = open(os.path.join(workdir, "report", "table.md")).read()
   for m in ("fedbuff", "fedpac", "fedpsa"):
-    for d, column in (("mnist", "MNIST"), ("fashion_mnist", "FMNIST")):
+    for d, column in (("mnist", "mnist_5k (for MNIST)"), ("fashion_mnist", "mnist_5k (for FMNIST)")):
       if (m, d) == ("fedpac", "fashion_mnist"):
         assert math.isnan(means.loc[m, column])  # left out by the sweep, printed '-'
         continue
@@ -78,7 +78,7 @@ def test_table_cells_are_mean_and_interval_over_seeds_in_the_paper_layout(tmp_pa
   assert "Mean over 2 seeds ± the half-width of its 95% Student-t interval." in markdown
   fedpac_row = next(line for line in markdown.splitlines() if line.startswith("| FedPAC"))
   assert fedpac_row.endswith("| - |")
-  for column in ("MNIST", "FMNIST"):  # the best of each column in bold
+  for column in ("mnist_5k (for MNIST)", "mnist_5k (for FMNIST)"):  # the best of each column in bold
     best = means[column].idxmax()
     row = next(line for line in markdown.splitlines() if line.startswith(f"| {paper.DISPLAY_NAMES[best]}"))
     assert f"**{means.loc[best, column]:.2f}" in row
@@ -297,9 +297,9 @@ def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
   assert _report_files(workdir, report.build(workdir)) == [
       "members.csv", "table.md", "table.csv", "curves.png", "overhead.md", "overhead.csv", "overhead.png"]
   overhead = pd.read_csv(os.path.join(workdir, "report", "overhead.csv")).set_index("method")
-  assert overhead.loc["fedpsa", "client_compute_seconds:CIFAR-10"] == pytest.approx(7.0)
-  assert overhead.loc["ca2fl", "bytes_communicated:MNIST"] == pytest.approx(3.0)  # MiB up + down
-  assert math.isnan(overhead.loc["fedpac", "upload_bytes_per_update:FMNIST"])
+  assert overhead.loc["fedpsa", "client_compute_seconds:mnist_5k (for CIFAR-10)"] == pytest.approx(7.0)
+  assert overhead.loc["ca2fl", "bytes_communicated:mnist_5k (for MNIST)"] == pytest.approx(3.0)  # MiB up + down
+  assert math.isnan(overhead.loc["fedpac", "upload_bytes_per_update:mnist_5k (for FMNIST)"])
   assert os.path.getsize(os.path.join(workdir, "report", "overhead.png")) > 10_000
   # Fig. 6: pairs pooled over the members' events.jsonl (two seeds), statistics as alignment_stats gives.
   rng = np.random.default_rng(7)
