@@ -153,8 +153,22 @@ def sweep_config(name: str, description: str, base: ml_collections.ConfigDict, a
   r.published = {}  # {source, metric, values: [[row label, column key, value]]}: the paper's numbers beside ours
   r.display = dict(DISPLAY_NAMES)  # printed names of labels and axes
   r.update(report)
+  r.display.update(stand_in_names(c.axes + [a for _, more in c.parts for a in more], r.display))
   c.report = r
   return c
+
+
+def stand_in_names(axes: list, display: dict[str, str]) -> dict[str, str]:
+  """{label: 'mnist_5k (for FMNIST)'} for each label of `axes` that names a dataset its members do not run on (a
+  smoke variant's stand-in data, `dataset_axis`): a column headed "FMNIST" over runs on mnist_5k would claim a
+  result on data that never ran."""
+  names = {}
+  for _, values in axes:
+    for label, fields in values:
+      data = dict(fields).get("data.name")
+      if data is not None and data != label:
+        names[str(label)] = f"{data} (for {display.get(str(label), label)})"
+  return names
 
 
 def embedded_mnist_base() -> ml_collections.ConfigDict:

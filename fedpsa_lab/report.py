@@ -1,4 +1,5 @@
-"""Reports: the paper's tables (markdown and CSV) and figures (PNG) from a sweep or a single run directory.
+"""Reports: the paper's tables (markdown and CSV) and figures (PNG, each with a PDF beside it) from a sweep or a
+single run directory.
 
 `build(workdir)` looks at what `workdir` is:
 - a sweep directory (`sweep.json`, written by `fedpsa_jax.sweep`): reads every member's summary.json
@@ -11,18 +12,22 @@
     them in `paired.md` with each row's difference over all columns at once; a table per `report.more_metrics`
     entry; the best of each column in bold within each group of the outer row axis; '-' for a member the sweep
     leaves out; the commits, data and machines of the members)
-    and `curves.png` (learning curves: one panel per column, one line per row, mean over seeds with its interval as
-    a band);
+    and `curves.png` (learning curves: one panel per column, one line per row, mean over seeds with its 95%
+    t-interval as a band) and, with `report.reference`, `curves_paired.png` (each row's difference from the
+    reference over time, computed within each seed, with its 95% t-interval over seeds as a band);
   - then the files of the layout's kind, `report.kind`, a function registered in `report_kinds()`:
     - `table` (the default): the learning curves above;
-    - `curves`: `curves.png` laid out as `report.panels` × lines `report.lines` instead;
+    - `curves`: those figures laid out as `report.panels` × lines `report.lines` instead;
     - `heatmap`: the curves, then one `heatmap_<part>.png` / `heatmap_<part>.csv` per `report.heatmaps`
       entry and `heatmap.md`;
     - the plug-ins' kinds (`REPORT_KINDS` of a `fedpsa_lab.figures` module): FedPSA's Fig. 5 `overhead`
       and Fig. 6 `alignment` (figures/fedpsa.py);
     an unknown kind is a ReportError naming the allowed ones;
   - then the figure plug-ins (`fedpsa_lab.figures`): `run_figures` per member into
-    `report/runs/<member>/`, `group_figures` over all members into `report/`.
+    `report/runs/<member>/`, `group_figures` over all members into `report/` (AiFed's
+    `accuracy_vs_upload.png` in the curves' layout).
+  Every figure is drawn in one style (`report_lib.STYLE`: size, font, a colour-blind-safe palette with line
+  styles, legends below the panels) and written as PNG and PDF without a date, so a redraw is byte for byte.
   `build(workdir, layout)` draws a sweep with the `report` section of `layout` (a sweep config of the same name,
   as JSON) instead of the stored one (`with_layout`): `--mode=report --config=SWEEP_CONFIG`.
 - a run directory (`metrics.jsonl`): its learning curve `report/learning_curve.png` and the plug-ins'
@@ -50,19 +55,12 @@ REPORT_DIR = "report"
 # --- the generic report kinds -------------------------------------------------------------------------
 
 
-def _curves_kind(r: SweepReport) -> list[str]:
-  """'curves': the learning curves laid out as panels `spec.panels` × lines `spec.lines` (Fig. 3)."""
-  path = report_lib.curves_figure(r.sweep, r.frame, r.spec, list(r.spec["panels"]), r.spec["lines"],
-                                  r.path("curves.png"))
-  return [path] if path else []
-
-
 def _heatmap_kind(r: SweepReport) -> list[str]:
   """'heatmap': per `spec.heatmaps` entry (part, row axis, col axis), the part's metric as a heatmap and a
   table (Fig. 4), the tables together in heatmap.md."""
   written, sections = report_lib.table_curves(r), [r.title]
   for part, row, col in r.spec["heatmaps"]:
-    written.append(report_lib.heatmap_figure(r.sweep, r.frame, r.spec, part, row, col, r.path(f"heatmap_{part}.png")))
+    written += report_lib.heatmap_figure(r.sweep, r.frame, r.spec, part, row, col, r.path(f"heatmap_{part}.png"))
     table = report_lib.paper_table(r.sweep, r.frame, {**r.spec, "rows": [row], "cols": [col]}, where={"part": part})
     sections.append(f"## {part}\n\n{table.markdown}")
     written.append(report_lib.write_csv(table.means, r.path(f"heatmap_{part}.csv")))
@@ -71,7 +69,7 @@ def _heatmap_kind(r: SweepReport) -> list[str]:
 
 
 # The layouts every sweep may use; a paper's own (FedPSA's Figs. 5-6) come from figure plug-ins.
-GENERIC_KINDS: dict[str, ReportKind] = {"table": report_lib.table_curves, "curves": _curves_kind,
+GENERIC_KINDS: dict[str, ReportKind] = {"table": report_lib.table_curves, "curves": report_lib.table_curves,
                                         "heatmap": _heatmap_kind}
 
 
@@ -117,7 +115,7 @@ def _tables(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], ou
     written.append(report_lib.write_csv(both, os.path.join(out, "paired.csv")))
     if len(over_columns):
       written.append(report_lib.write_csv(over_columns, os.path.join(out, "paired_over_columns.csv")))
-      written.append(report_lib.paired_figure(over_columns, spec, os.path.join(out, "paired.png")))
+      written += report_lib.paired_figure(over_columns, spec, os.path.join(out, "paired.png"))
   return written
 
 
@@ -174,11 +172,12 @@ def sweep_report(sweep_dir: str, layout: dict[str, Any] | None = None) -> list[s
   written += contrasts.write(frame, sweep, out, title)  # the declared analysis (`analysis`), if any
   written += tuning.write(frame, sweep, out, title)  # a tuning sweep's selection (`analysis.selection`), if any
   written += event_correlations.write(frame, spec, out, title)  # `report.partial_correlations`, if any
-  written += kinds[kind](SweepReport(sweep_dir, sweep, frame, spec, out, title))
+  r = SweepReport(sweep_dir, sweep, frame, spec, out, title)
+  written += kinds[kind](r)
   run_dirs = [d for d in frame["run_dir"] if io.stored(os.path.join(d, io.METRICS_FILE))]
   for d in run_dirs:
     written += figures.run_figures(d, os.path.join(out, "runs", os.path.basename(d)))
-  written += figures.group_figures(run_dirs, out)
+  written += figures.group_figures(run_dirs, out, r)
   return written
 
 
@@ -186,7 +185,7 @@ def run_report(run_dir: str) -> list[str]:
   """A single run directory: its learning curve and the plug-ins' figures, into RUN_DIR/report."""
   out = os.path.join(run_dir, REPORT_DIR)
   os.makedirs(out, exist_ok=True)
-  return [report_lib.learning_curve(run_dir, os.path.join(out, "learning_curve.png")),
+  return [*report_lib.learning_curve(run_dir, os.path.join(out, "learning_curve.png")),
           *figures.run_figures(run_dir, out)]
 
 

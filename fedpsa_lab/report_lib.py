@@ -23,7 +23,7 @@ import pandas as pd
 
 from fedpsa_jax import io
 from fedpsa_jax import sweep as sweep_lib
-from fedpsa_lab import report_stats
+from fedpsa_lab import paper, report_stats
 
 MISSING = "-"  # a cell the sweep leaves out (FedPAC on the linear model), as the paper prints it
 NOT_RUN = "n/a"  # a cell whose member has no completed run yet
@@ -77,9 +77,7 @@ def completed(frame: pd.DataFrame) -> pd.DataFrame:
 
 def cell_values(frame: pd.DataFrame, where: dict[str, Any], metric: str, scale: float) -> dict[int, float]:
   """{seed: `metric × scale`} of the completed members matching `where` ({axis: label}); {} when none."""
-  rows = completed(frame)
-  for k, v in where.items():
-    rows = rows[rows[f"label:{k}"] == v]
+  rows = _matching(completed(frame), where)
   if metric not in rows or rows.empty:
     return {}
   seeds = rows["label:seed"].astype(int) if "label:seed" in rows else pd.Series(range(len(rows)), index=rows.index)
@@ -473,145 +471,255 @@ def provenance_section(frame: pd.DataFrame) -> str:
 
 # --- figures ------------------------------------------------------------------------------------------
 
+# One style for every figure of the lab, the report's and the plug-ins' (`pyplot` sets it): a journal's full text
+# width, one font at one size, and the Okabe-Ito palette, told apart with the common colour-vision deficiencies,
+# each colour paired with its own line style so that arms stay apart in greyscale print as well.
+FIGURE_WIDTH = 7.0  # inches: every figure has this width
+PANEL_HEIGHT = 2.4  # inches per row of panels
+LEGEND_HEIGHT = 0.9  # inches below the panels for the legend (and its title)
+PANELS_PER_ROW = 3
+OKABE_ITO = ("#000000", "#E69F00", "#56B4E9", "#009E73", "#D55E00", "#0072B2", "#CC79A7", "#F0E442")
+LINE_STYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (8, 2)), (0, (1, 1)), (0, (3, 1, 1, 1, 1, 1)))
+FONT_SIZE = 8  # points: titles, labels, ticks and legends alike
+STYLE: dict[str, Any] = {
+    "font.family": "DejaVu Sans",  # matplotlib's own font: the same glyphs (and bytes) on every machine
+    **{k: FONT_SIZE for k in ("font.size", "axes.titlesize", "axes.labelsize", "xtick.labelsize",
+                              "ytick.labelsize", "legend.fontsize", "legend.title_fontsize")},
+    "axes.grid": True, "grid.alpha": 0.3, "lines.linewidth": 1.3, "legend.frameon": False,
+    "figure.constrained_layout.use": True,  # (makes room for a legend outside the panels; tight_layout does not)
+    "savefig.dpi": 150,
+    "pdf.fonttype": 42}  # TrueType text in the PDF, not Type 3 outlines: the text stays text, as publishers ask
+BAND = "95% t-interval over seeds"  # what every shaded band of a curve is, as its legend says
+# {scale: unit} of a table's cells, for the axes of differences: accuracy × 100 is in percentage points.
+UNITS = {100.0: "percentage points", 2.0**-20: "MiB", 2.0**-10: "KiB"}
+# The x of a learning curve: {metrics.jsonl field: (axis label, factor)}.
+CURVE_X = {"day": ("virtual time (days)", 1.0), "bytes_uploaded": ("accumulated upload (MiB)", 2.0**-20)}
+# Metadata that would change a figure's bytes between redraws (the PDF's date) or matplotlib versions: left out,
+# so that `make results-report` redraws the committed figures byte for byte.
+PNG_METADATA = {"Software": None}
+PDF_METADATA = {"Creator": None, "Producer": None, "CreationDate": None}
+
 
 def pyplot():
-  """matplotlib.pyplot on the Agg backend (files only, no display), chosen when a figure is drawn, not
-  when a module is imported. Every figure of the report and of the plug-ins gets pyplot here."""
+  """matplotlib.pyplot on the Agg backend (files only, no display) with the lab's `STYLE`, chosen when a figure is
+  drawn, not when a module is imported. Every figure of the report and of the plug-ins gets pyplot here."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
+  matplotlib.rcParams.update({**STYLE, "axes.prop_cycle": matplotlib.cycler(color=OKABE_ITO, linestyle=LINE_STYLES)})
   return plt
 
 
-def save_figure(fig: Any, path: str) -> str:
-  """The one ending of every figure: tight layout, a 120-dpi PNG at `path`, the figure closed (pyplot keeps
-  every open figure alive otherwise); `path`."""
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
+def arm_style(i: int) -> dict[str, Any]:
+  """The colour and line style of the i-th label of an axis: fixed by its place in the sweep's order, so that an arm
+  looks the same in every figure of a report (curves_paired.png leaves the reference out and keeps the others')."""
+  return {"color": OKABE_ITO[i % len(OKABE_ITO)], "linestyle": LINE_STYLES[i % len(LINE_STYLES)]}
+
+
+def panels(count: int, height: float = PANEL_HEIGHT) -> tuple[Any, list[Any]]:
+  """A figure of the lab's width with `count` panels, `PANELS_PER_ROW` to a row, each row `height` inches high, and
+  room for a legend below them: (figure, its panels)."""
+  ncols = max(1, min(count, PANELS_PER_ROW))
+  nrows = max(1, math.ceil(count / ncols))
+  fig, axes = pyplot().subplots(nrows, ncols, figsize=(FIGURE_WIDTH, height * nrows + LEGEND_HEIGHT), squeeze=False)
+  for ax in list(axes.flat)[count:]:
+    ax.remove()
+  return fig, list(axes.flat)[:count]
+
+
+def legend_below(fig: Any, title: str | None = None, handles: Sequence[Any] = (), labels: Sequence[str] = ()) -> None:
+  """The figure's one legend, below its panels, so that it hides no data: `handles` / `labels`, else every labelled
+  artist of its panels once (a line absent from the first panel still gets its entry)."""
+  if not handles:
+    seen = {}
+    for ax in fig.axes:
+      for handle, label in zip(*ax.get_legend_handles_labels()):
+        seen.setdefault(label, handle)
+    labels, handles = list(seen), list(seen.values())
+  if handles:  # one row up to three entries, else two rows (at most four columns: the lab's width holds them)
+    ncols = len(handles) if len(handles) <= 3 else min(4, math.ceil(len(handles) / 2))
+    fig.legend(handles, labels, loc="outside lower center", ncols=ncols, title=title)
+
+
+def save_figure(fig: Any, path: str) -> list[str]:
+  """The one ending of every figure: the PNG `path` and a PDF beside it (for print: vector lines, text as text),
+  without the metadata that would change their bytes from one redraw to the next; the figure closed (pyplot keeps
+  every open figure alive otherwise). [the PNG, the PDF]."""
+  pdf = os.path.splitext(path)[0] + ".pdf"
+  fig.savefig(path, metadata=PNG_METADATA)
+  fig.savefig(pdf, metadata=PDF_METADATA)
   pyplot().close(fig)
-  return path
+  return [path, pdf]
 
 
-def _mean_curve(run_dirs: Sequence[str], y: str = "test_accuracy") -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-  """(days, mean of `y` over the runs, half-width of its 95% t-interval: NaN for one run) on the days every
-  run logged (the evaluation grid)."""
-  frames = []
-  for d in run_dirs:
-    records = io.read_metrics(d)
-    if records:
-      frames.append(pd.DataFrame(records).set_index("day")[y].astype(float))
-  if not frames:
-    return None
-  joined = pd.concat(frames, axis=1, join="inner").sort_index()
-  stats = [report_stats.interval(row) for row in joined.to_numpy()]
-  return (joined.index.to_numpy(), np.array([s.mean for s in stats]), np.array([s.half_width for s in stats]))
+def _matching(frame: pd.DataFrame, where: dict[str, Any]) -> pd.DataFrame:
+  """The rows of `frame` with every label of `where` ({axis: label})."""
+  for k, v in where.items():
+    frame = frame[frame[f"label:{k}"] == v]
+  return frame
 
 
-def curves_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], panels: Sequence[str],
-                  lines: str, path: str) -> str | None:
-  """Learning curves: one panel per combination of `panels`, one line per label of `lines` (mean over
-  seeds of test accuracy against virtual days, with a band of its 95% t-interval, clipped to [0, 100], when
-  there are several seeds). None when no member has metrics."""
-  plt = pyplot()
+def _seed_curves(runs: pd.DataFrame, fields: Sequence[str] = ("test_accuracy",)) -> dict[str, pd.DataFrame]:
+  """{field: [evaluation day, seed]} of the member rows `runs` (their row position as the seed where the sweep has no
+  seed axis), at the days every run logged (the evaluation grid); {} when none has metrics."""
+  seeds = runs["label:seed"].astype(int).tolist() if "label:seed" in runs else list(range(len(runs)))
+  per_run = {}
+  for seed, run_dir in zip(seeds, runs["run_dir"]):
+    records = pd.DataFrame(io.read_metrics(run_dir))
+    if len(records):
+      per_run[seed] = records.set_index("day").reindex(columns=list(fields)).astype(float)
+  if not per_run:
+    return {}
+  joined = pd.concat(per_run, axis=1, join="inner").sort_index()  # columns: (seed, field)
+  return {f: joined.xs(f, axis=1, level=1) for f in fields}
+
+
+def _band_line(ax: Any, x: Any, table: pd.DataFrame, label: str, style: dict[str, Any],
+               clip: tuple[float, float] = (-math.inf, math.inf)) -> int:
+  """A line of the mean over the columns (seeds) of [point, seed] `table` at `x`, with its 95% t-interval as a band
+  where there are several seeds, clipped to `clip` (the range the quantity can take, which a t-interval over a few
+  seeds can reach past); the number of seeds."""
+  stats = [report_stats.interval(row) for row in table.to_numpy()]
+  mean, half = np.array([s.mean for s in stats]), np.array([s.half_width for s in stats])
+  ax.plot(x, mean, label=label, **style)
+  if not np.isnan(half).all():
+    ax.fill_between(x, np.clip(mean - half, *clip), np.clip(mean + half, *clip), color=style["color"], alpha=0.15,
+                    linewidth=0)
+  return table.shape[1]
+
+
+def _seeds_text(counts: set[int]) -> str:
+  """'8 seeds', or '3-5 seeds' when the lines differ."""
+  low, high = min(counts, default=0), max(counts, default=0)
+  return f"{low} seed{'s' if high != 1 else ''}" if low == high else f"{low}-{high} seeds"
+
+
+def curves_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], panel_axes: Sequence[str],
+                  lines: str, path: str, x: str = "day") -> list[str]:
+  """Learning curves: one panel per combination of `panel_axes`, one line per label of `lines` (its printed name,
+  `spec.display`): test accuracy (%) against `x` (a `CURVE_X` field, each point at its mean over the seeds), mean
+  over the seeds with its 95% t-interval as a band. The paths written; [] when no member completed."""
   done = completed(frame)
   if done.empty:
-    return None
-  keys = _product([axis_labels(sweep, p, frame) for p in panels])
-  ncols = min(len(keys), 3)
-  nrows = math.ceil(len(keys) / ncols)
-  fig, axes = plt.subplots(nrows, ncols, figsize=(4.5 * ncols, 3.3 * nrows), squeeze=False)
-  for ax, key in zip(axes.flat, keys):
-    for label in axis_labels(sweep, lines, frame):
-      sel = done
-      for k, v in {**dict(zip(panels, key)), lines: label}.items():
-        sel = sel[sel[f"label:{k}"] == v]
-      curve = _mean_curve(sel["run_dir"].tolist())
-      if curve is not None:
-        days, mean, half = curve
-        (line,) = ax.plot(days, 100 * mean, label=display_name(spec, label))
-        if not np.isnan(half).all():  # several seeds: the band of the mean's 95% interval
-          # Clipped to the range an accuracy can take, which a t-interval over a few seeds can reach past.
-          low, high = (np.clip(100 * (mean + sign * half), 0.0, 100.0) for sign in (-1, 1))
-          ax.fill_between(days, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-    ax.set_title(_key_text(spec, panels, key) or sweep.get("name", ""))
-    ax.set_xlabel("virtual day")
+    return []
+  x_label, factor = CURVE_X[x]
+  keys = _product([axis_labels(sweep, p, frame) for p in panel_axes])
+  fig, axes = panels(len(keys))
+  seeds, fields = set(), ["test_accuracy"] + ([] if x == "day" else [x])
+  for ax, key in zip(axes, keys):
+    for i, arm in enumerate(axis_labels(sweep, lines, frame)):
+      curves = _seed_curves(_matching(done, {**dict(zip(panel_axes, key)), lines: arm}), fields)
+      if curves:
+        at = curves["test_accuracy"].index if x == "day" else factor * curves[x].mean(axis=1)
+        seeds.add(_band_line(ax, at, 100 * curves["test_accuracy"], display_name(spec, arm), arm_style(i), (0, 100)))
+    ax.set_title(_key_text(spec, panel_axes, key))
+    ax.set_xlabel(x_label)
     ax.set_ylabel("test accuracy (%)")
-    ax.grid(True, alpha=0.3)
-  for ax in list(axes.flat)[len(keys):]:
-    ax.axis("off")
-  if axes.flat[0].get_legend_handles_labels()[0]:
-    axes.flat[0].legend(fontsize=7)
+  legend_below(fig, f"mean over {_seeds_text(seeds)}; shaded: {BAND}")
+  return save_figure(fig, path)
+
+
+def paired_curves_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any],
+                         panel_axes: Sequence[str], lines: str, path: str) -> list[str]:
+  """Each arm's difference in test accuracy from the reference arm (`spec.reference`, a label of `lines`) over
+  virtual time, one panel per combination of `panel_axes`: the difference computed within each seed (the runs of a
+  seed share the data split, partition, latencies and initial model), then its mean over the seeds with its 95%
+  t-interval as a band. What a figure of overlapping curves cannot show. The paths written; [] without such a
+  reference or a completed member."""
+  reference, arms, done = dict(spec.get("reference") or {}), axis_labels(sweep, lines, frame), completed(frame)
+  if set(reference) != {lines} or reference[lines] not in arms or done.empty:
+    return []
+  keys = _product([axis_labels(sweep, p, frame) for p in panel_axes])
+  fig, axes = panels(len(keys))
+  name, seeds = display_name(spec, reference[lines]), set()
+  for ax, key in zip(axes, keys):
+    where = dict(zip(panel_axes, key))
+    base = _seed_curves(_matching(done, {**where, **reference})).get("test_accuracy")
+    ax.axhline(0, label=f"{name} (the reference)", linewidth=0.8, **arm_style(arms.index(reference[lines])))
+    for i, arm in enumerate(arms):
+      curves = _seed_curves(_matching(done, {**where, lines: arm}))
+      if arm == reference[lines] or base is None or not curves:
+        continue
+      # (Aligned on day and seed: a seed or day that either lacks is left out, never half-used.)
+      diff = (100 * (curves["test_accuracy"] - base)).dropna(axis=1, how="all").dropna(axis=0, how="any")
+      if diff.size:
+        seeds.add(_band_line(ax, diff.index, diff, display_name(spec, arm), arm_style(i)))
+    ax.set_title(_key_text(spec, panel_axes, key))
+    ax.set_xlabel(CURVE_X["day"][0])
+    ax.set_ylabel("Δ test accuracy\n(percentage points)")
+  legend_below(fig, f"difference from {name} within each seed, mean over {_seeds_text(seeds)}; shaded: {BAND}")
   return save_figure(fig, path)
 
 
 def heatmap_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], part: str, row: str, col: str,
-                   path: str) -> str:
+                   path: str) -> list[str]:
   """The metric over a 2-D grid (rows: labels of `row`, columns: labels of `col`) of sweep part `part`."""
-  plt = pyplot()
   sub = frame[frame["label:part"] == part] if "label:part" in frame else frame
   rows, cols = _ordered(sub[f"label:{row}"].tolist()), _ordered(sub[f"label:{col}"].tolist())
-  scale = float(spec.get("scale", 1.0))
-  grid = np.array([[cell_stats(sub, {row: r, col: c}, spec.get("metric", "final_test_accuracy"), scale)[0]
-                    for c in cols] for r in rows])
-  fig, ax = plt.subplots(figsize=(1.1 * len(cols) + 2.5, 0.8 * len(rows) + 1.8))
+  metric, scale = spec.get("metric", "final_test_accuracy"), float(spec.get("scale", 1.0))
+  grid = np.array([[cell_stats(sub, {row: r, col: c}, metric, scale)[0] for c in cols] for r in rows])
+  fig, (ax,) = panels(1, height=0.4 * len(rows) + 1.4)
   image = ax.imshow(grid, cmap="viridis", aspect="auto")
   middle = np.nanmean([np.nanmin(grid), np.nanmax(grid)]) if np.isfinite(grid).any() else 0.0
   for i in range(len(rows)):
     for j in range(len(cols)):
       if not np.isnan(grid[i, j]):  # dark text on viridis' light (high) end, white on its dark end
-        ax.text(j, i, f"{grid[i, j]:.{int(spec.get('decimals', 2))}f}", ha="center", va="center", fontsize=8,
+        ax.text(j, i, f"{grid[i, j]:.{int(spec.get('decimals', 2))}f}", ha="center", va="center",
                 color="k" if grid[i, j] > middle else "w")
   ax.set_xticks(range(len(cols)), [str(c) for c in cols])
   ax.set_yticks(range(len(rows)), [str(r) for r in rows])
   ax.set_xlabel(display_name(spec, col))
   ax.set_ylabel(display_name(spec, row))
-  ax.set_title(f"{sweep.get('name', '')}: {spec.get('metric', 'final_test_accuracy')}")
-  fig.colorbar(image, ax=ax)
+  ax.grid(False)
+  fig.colorbar(image, ax=ax, label=display_name(spec, metric))
   return save_figure(fig, path)
 
 
-def paired_figure(pooled: pd.DataFrame, spec: dict[str, Any], path: str) -> str:
+def paired_figure(pooled: pd.DataFrame, spec: dict[str, Any], path: str) -> list[str]:
   """Every row's difference from the reference over all columns at once (`Table.pooled` with `metric`), one
-  panel per metric: Δ with its 95% interval per row, and the published Δ (averaged over the same columns) as a
-  cross where there is one. A row without an interval (too few seeds) is its point alone."""
-  plt = pyplot()
+  panel per metric: Δ with its 95% t-interval over seeds per row, and the published Δ (averaged over the same
+  columns) as a cross where there is one. A row without an interval (too few seeds) is its point alone."""
   metrics = list(dict.fromkeys(pooled["metric"]))
   keys = [c for c in pooled.columns if c not in ("n_columns", "difference", "ci95_half_width", "p_value", "p_holm",
                                                   "seeds", "pairs", "above", "below", "metric",
                                                   "published_difference")]
-  fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 0.45 * pooled.groupby("metric").size().max()
-                                                     + 1.4), squeeze=False)
+  fig, axes = panels(len(metrics), height=0.3 * pooled.groupby("metric").size().max() + 1.6)
   reference = " ".join(display_name(spec, v) for v in dict(spec.get("reference") or {}).values())
-  for ax, metric in zip(axes.flat, metrics):
+  over = " and ".join(display_name(spec, c) for c in spec.get("cols", [])) or "the columns"
+  unit = UNITS.get(float(spec.get("scale", 1.0)))
+  legend = {}  # {label: artist}: ours first, then the paper's where any panel has it
+  for ax, metric in zip(axes, metrics):
     rows = pooled[pooled["metric"] == metric].reset_index(drop=True)
     y = np.arange(len(rows))[::-1]
-    ax.errorbar(rows["difference"], y, xerr=rows["ci95_half_width"].fillna(0), fmt="o", color="C0", capsize=3,
-                label="here (95% interval)")
+    legend[f"this study: mean Δ, {BAND}"] = ax.errorbar(
+        rows["difference"], y, xerr=rows["ci95_half_width"].fillna(0), fmt="o", color=OKABE_ITO[0], capsize=3)
     if rows["published_difference"].notna().any():
-      ax.plot(rows["published_difference"], y, "x", color="C3", markersize=8, label="the paper")
-    ax.axvline(0, color="gray", linewidth=1)
+      legend["the paper's Δ"] = ax.plot(rows["published_difference"], y, "x", color=OKABE_ITO[4], markersize=7)[0]
+    ax.axvline(0, color="gray", linewidth=0.8)
     ax.set_yticks(y, [" ".join(display_name(spec, r[k]) for k in keys) for _, r in rows.iterrows()])
-    ax.set_xlabel(f"Δ from {reference}, over all columns")
-    ax.set_title(textwrap.fill(display_name(spec, metric), 48), fontsize=9)
-    ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.set_xlabel(f"Δ from {reference}, mean over {over}" + (f"\n({unit})" if unit else ""))
+    ax.set_title(textwrap.fill(display_name(spec, metric), 36))
+    ax.grid(False, axis="y")
+  legend_below(fig, handles=list(legend.values()), labels=list(legend))
   return save_figure(fig, path)
 
 
-def learning_curve(run_dir: str, path: str) -> str:
-  """A single run's test accuracy against virtual days."""
-  plt = pyplot()
+# The printed names of a run's method and data where no sweep layout names them: the paper's, and the other methods'.
+RUN_NAMES = {**paper.DISPLAY_NAMES, "aifed": "AiFed", "casa": "CASA"}
+
+
+def learning_curve(run_dir: str, path: str) -> list[str]:
+  """A single run's test accuracy against virtual time, titled with its method and data (`RUN_NAMES`)."""
   records = io.read_metrics(run_dir)
   summary = io.read_summary(run_dir) or {}
-  fig, ax = plt.subplots(figsize=(6, 4))
-  ax.plot([r["day"] for r in records], [100 * float(r["test_accuracy"]) for r in records],
-          label=f"{summary.get('method', '')} on {summary.get('dataset', '')}")
-  ax.set_xlabel("virtual day")
+  fig, (ax,) = panels(1)
+  ax.plot([r["day"] for r in records], [100 * float(r["test_accuracy"]) for r in records], **arm_style(0))
+  ax.set_title(" on ".join(RUN_NAMES.get(str(summary[k]), str(summary[k])) for k in ("method", "dataset")
+                          if summary.get(k)))
+  ax.set_xlabel(CURVE_X["day"][0])
   ax.set_ylabel("test accuracy (%)")
-  ax.grid(True, alpha=0.3)
-  ax.legend()
   return save_figure(fig, path)
 
 
@@ -668,15 +776,26 @@ class SweepReport:
 ReportKind = Callable[[SweepReport], list[str]]
 
 
+def curve_layout(spec: dict[str, Any]) -> tuple[list[str], str] | None:
+  """(panel axes, line axis) of a layout's learning curves: kind 'curves' its `panels` × `lines`, every other kind
+  one panel per column key and one line per label of the last row axis (with both rows and cols); else None."""
+  if spec.get("kind") == "curves":
+    return list(spec["panels"]), spec["lines"]
+  if spec.get("cols") and spec.get("rows"):
+    return list(spec["cols"]), spec["rows"][-1]
+  return None
+
+
 def table_curves(r: SweepReport) -> list[str]:
-  """Learning curves in the table's layout (one panel per column key, one line per label of the last row
-  axis), when the layout has both rows and cols; what every kind but 'curves' draws."""
-  if not (r.spec.get("cols") and r.spec.get("rows")):
+  """The layout's learning curves (`curve_layout`): curves.png and, with a reference arm among its lines,
+  curves_paired.png (each arm's difference from it over time); what every kind draws first."""
+  layout = curve_layout(r.spec)
+  if layout is None:
     return []
-  path = curves_figure(r.sweep, r.frame, r.spec, list(r.spec["cols"]), r.spec["rows"][-1], r.path("curves.png"))
-  return [path] if path else []
+  return [*curves_figure(r.sweep, r.frame, r.spec, *layout, r.path("curves.png")),
+          *paired_curves_figure(r.sweep, r.frame, r.spec, *layout, r.path("curves_paired.png"))]
 
 
 __all__ = ["MISSING", "NOT_RUN", "ReportError", "ReportKind", "SweepReport", "axis_labels", "cell_stats", "completed", "load_members",
-           "curves_figure", "display_name", "heatmap_figure", "learning_curve", "paired_figure", "paired_markdown", "paper_cells", "paper_table", "table_markdown", "Cells", "provenance_section", "Table", "cell_values", "column_key", "pyplot", "save_figure",
-           "table_curves", "write_csv", "write_text"]
+           "curves_figure", "curve_layout", "display_name", "heatmap_figure", "learning_curve", "paired_figure", "paired_markdown", "paper_cells", "paper_table", "table_markdown", "Cells", "provenance_section", "Table", "cell_values", "column_key", "pyplot", "save_figure",
+           "table_curves", "paired_curves_figure", "panels", "legend_below", "arm_style", "RUN_NAMES", "STYLE", "BAND", "write_csv", "write_text"]

@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 
 from fedpsa_jax import config as config_lib
+from fedpsa_jax import sweep
 from fedpsa_jax.models import TinyMLP
 from fedpsa_jax.strategies import Arrival
 from fedpsa_lab import paper
@@ -62,6 +63,16 @@ def small_config(method: str, model: str = "linear", days: float = 0.03, **field
   c.eval.every_days = 0.005
   c.runtime.progress = False
   return set_fields(c, {k.replace("__", "."): v for k, v in fields.items()})
+
+
+def fake_members(config: ml_collections.ConfigDict, workdir: str) -> list[tuple[Any, str]]:
+  """The members of sweep `config`, its sweep.json written into `workdir` and each member's run directory made
+  (empty): [(member, its run directory)], for a report test to fill with made-up records (no training)."""
+  members = sweep.expand(config)
+  sweep.write_sweep_json(config, members, workdir)
+  for m in members:
+    os.makedirs(sweep.member_dir(workdir, m))
+  return [(m, sweep.member_dir(workdir, m)) for m in members]
 
 
 # A sweep of three short members (one per method) on the embedded MNIST subset.

@@ -133,6 +133,14 @@ def test_every_paper_config_validates_and_expands(name):
     assert {m.config.sim.latency.high for m in members} == {500}
 
 
+def test_a_smoke_table_names_the_data_its_members_ran_on():
+  # Smoke variants run every dataset's column on the embedded mnist_5k: a column headed "FMNIST" would claim
+  # results on data that never ran (paper.stand_in_names).
+  assert _load("table1", "smoke").report.display["fashion_mnist"] == "mnist_5k (for FMNIST)"
+  assert _load("fig5", "smoke").report.display["cifar10"] == "mnist_5k (for CIFAR-10)"
+  assert _load("table1").report.display["fashion_mnist"] == "FMNIST"  # the full variant runs FMNIST itself
+
+
 def test_paper_config_arguments_are_checked():
   with pytest.raises(config_lib.ConfigError, match="allowed: smoke, seeds="):
     _load("table1", "smoek")

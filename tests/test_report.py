@@ -29,7 +29,7 @@ from fedpsa_lab import figures, paper, report, report_lib, report_stats
 from fedpsa_lab import modes as lab_modes
 from fedpsa_lab.figures import fedpsa as fedpsa_figures
 
-from helpers import ROOT, small_config
+from helpers import ROOT, fake_members, small_config
 from numerics import assert_close, f32_tolerance
 
 
@@ -41,13 +41,10 @@ def _fake_sweep(tmp_path, accuracies: dict[tuple[str, float, int], float]) -> st
                                paper.dataset_axis(("mnist", "fashion_mnist"), smoke=True)],
                               [0, 1], {"rows": ["method"], "cols": ["dataset"]},
                               exclude=paper.no_fedpac_on_linear(("mnist", "fashion_mnist")))
-  members = sweep.expand(config)
   workdir = str(tmp_path / "fake")
-  sweep.write_sweep_json(config, members, workdir)
-  for m in members:
+  for m, run_dir in fake_members(config, workdir):
     key = (m.labels["method"], m.labels["dataset"], m.labels["seed"])
-    os.makedirs(sweep.member_dir(workdir, m))
-    io.write_json_atomic(os.path.join(sweep.member_dir(workdir, m), "summary.json"),
+    io.write_json_atomic(os.path.join(run_dir, "summary.json"),
                          {"status": "completed", "final_test_accuracy": accuracies[key]})
   return workdir
 
@@ -64,7 +61,7 @@ def test_table_cells_are_mean_and_interval_over_seeds_in_the_paper_layout(tmp_pa
   counts = pd.read_csv(os.path.join(workdir, "report", "table_n.csv")).set_index("method")
   markdown = open(os.path.join(workdir, "report", "table.md")).read()
   for m in ("fedbuff", "fedpac", "fedpsa"):
-    for d, column in (("mnist", "MNIST"), ("fashion_mnist", "FMNIST")):
+    for d, column in (("mnist", "mnist_5k (for MNIST)"), ("fashion_mnist", "mnist_5k (for FMNIST)")):
       if (m, d) == ("fedpac", "fashion_mnist"):
         assert math.isnan(means.loc[m, column])  # left out by the sweep, printed '-'
         continue
@@ -78,7 +75,7 @@ def test_table_cells_are_mean_and_interval_over_seeds_in_the_paper_layout(tmp_pa
   assert "Mean over 2 seeds ± the half-width of its 95% Student-t interval." in markdown
   fedpac_row = next(line for line in markdown.splitlines() if line.startswith("| FedPAC"))
   assert fedpac_row.endswith("| - |")
-  for column in ("MNIST", "FMNIST"):  # the best of each column in bold
+  for column in ("mnist_5k (for MNIST)", "mnist_5k (for FMNIST)"):  # the best of each column in bold
     best = means[column].idxmax()
     row = next(line for line in markdown.splitlines() if line.startswith(f"| {paper.DISPLAY_NAMES[best]}"))
     assert f"**{means.loc[best, column]:.2f}" in row
@@ -226,12 +223,12 @@ def test_run_report_and_figure_plugins(alignment_run, tmp_path, monkeypatch):
   seen = {}
   plugin = types.SimpleNamespace(
       run_figures=lambda run_dir, out_dir: seen.setdefault("run", []).append(run_dir) or [f"{out_dir}/a.png"],
-      group_figures=lambda run_dirs, out_dir: seen.setdefault("group", []).append(run_dirs) or [f"{out_dir}/b.png"])
+      group_figures=lambda run_dirs, out_dir, report: seen.setdefault("group", []).append(run_dirs) or [f"{out_dir}/b.png"])
   monkeypatch.setattr(figures, "modules", lambda: [types.SimpleNamespace(), plugin])
   written = report.build(workdir)
-  assert written[0] == os.path.join(workdir, "report", "learning_curve.png")
+  assert written[:2] == [os.path.join(workdir, "report", f"learning_curve.{ext}") for ext in ("png", "pdf")]
   assert os.path.getsize(written[0]) > 5_000
-  assert written[1:] == [os.path.join(workdir, "report", "a.png")] and seen == {"run": [workdir]}
+  assert written[2:] == [os.path.join(workdir, "report", "a.png")] and seen == {"run": [workdir]}
   # In a sweep report: run_figures for each member and group_figures once over all of them.
   seen.clear()
   accs = {(m, d, s): 0.5 for m in ("fedbuff", "fedpac", "fedpsa") for d in ("mnist", "fashion_mnist") for s in (0, 1)}
@@ -251,13 +248,8 @@ def test_figures_package_loads_its_modules():
 
 def _fake_members(tmp_path, name: str, config_file: str, summary_of, events_of=None) -> str:
   """A sweep directory of a paper smoke config whose members hold fabricated summaries (and events)."""
-  config = api_config(config_file)
-  members = sweep.expand(config)
   workdir = str(tmp_path / name)
-  sweep.write_sweep_json(config, members, workdir)
-  for m in members:
-    run_dir = sweep.member_dir(workdir, m)
-    os.makedirs(run_dir)
+  for m, run_dir in fake_members(api_config(config_file), workdir):
     io.write_json_atomic(os.path.join(run_dir, "summary.json"), {"status": "completed", **summary_of(m)})
     if events_of:
       with open(os.path.join(run_dir, "events.jsonl"), "w") as f:
@@ -285,8 +277,8 @@ def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
   # The exact files of each layout, in order: what report.py wrote when these kinds were an if-chain inside it.
   # (No plug-in group figure: these members have no metrics.jsonl, so there is no run to draw.)
   assert _report_files(workdir, written) == [
-      "members.csv", "heatmap_gamma_delta.png", "heatmap_gamma_delta.csv", "heatmap_ls_lq.png", "heatmap_ls_lq.csv",
-      "heatmap.md"]
+      "members.csv", "heatmap_gamma_delta.png", "heatmap_gamma_delta.pdf", "heatmap_gamma_delta.csv",
+      "heatmap_ls_lq.png", "heatmap_ls_lq.pdf", "heatmap_ls_lq.csv", "heatmap.md"]
   grid = pd.read_csv(os.path.join(workdir, "report", "heatmap_ls_lq.csv")).set_index("buffer_size")
   assert grid.loc[2, "L_q=50"] == pytest.approx(100 * 0.01 * (2 + 50))
   # Fig. 5: the accounting fields per method and dataset.
@@ -295,11 +287,12 @@ def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
                       "download_bytes_per_update": 2048.0, "final_test_accuracy": 0.5}
   workdir = _fake_members(tmp_path, "fig5", "configs/paper/fig5.py:smoke", fields)
   assert _report_files(workdir, report.build(workdir)) == [
-      "members.csv", "table.md", "table.csv", "curves.png", "overhead.md", "overhead.csv", "overhead.png"]
+      "members.csv", "table.md", "table.csv", "curves.png", "curves.pdf", "overhead.md", "overhead.csv", "overhead.png",
+      "overhead.pdf"]
   overhead = pd.read_csv(os.path.join(workdir, "report", "overhead.csv")).set_index("method")
-  assert overhead.loc["fedpsa", "client_compute_seconds:CIFAR-10"] == pytest.approx(7.0)
-  assert overhead.loc["ca2fl", "bytes_communicated:MNIST"] == pytest.approx(3.0)  # MiB up + down
-  assert math.isnan(overhead.loc["fedpac", "upload_bytes_per_update:FMNIST"])
+  assert overhead.loc["fedpsa", "client_compute_seconds:mnist_5k (for CIFAR-10)"] == pytest.approx(7.0)
+  assert overhead.loc["ca2fl", "bytes_communicated:mnist_5k (for MNIST)"] == pytest.approx(3.0)  # MiB up + down
+  assert math.isnan(overhead.loc["fedpac", "upload_bytes_per_update:mnist_5k (for FMNIST)"])
   assert os.path.getsize(os.path.join(workdir, "report", "overhead.png")) > 10_000
   # Fig. 6: pairs pooled over the members' events.jsonl (two seeds), statistics as alignment_stats gives.
   rng = np.random.default_rng(7)
@@ -308,7 +301,7 @@ def test_heatmap_overhead_and_alignment_reports_of_a_sweep(tmp_path):
       {"type": "round", "temperature": 1.0}]
   workdir = _fake_members(tmp_path, "fig6", "configs/paper/fig6.py:smoke,seeds=2", lambda m: {}, events)
   assert _report_files(workdir, report.build(workdir)) == [
-      "members.csv", "alignment.md", "alignment_bins.csv", "alignment.json", "alignment.png"]
+      "members.csv", "alignment.md", "alignment_bins.csv", "alignment.json", "alignment.png", "alignment.pdf"]
   saved = json.load(open(os.path.join(workdir, "report", "alignment.json")))
   both = np.concatenate([pairs[0], pairs[1]])
   assert saved["n"] == 60
@@ -522,12 +515,8 @@ def _reference_sweep(tmp_path, accuracy_of) -> str:
                               [paper.method_axis(("fedbuff", "fedasync", "fedpsa")), paper.alpha_axis((0.1, 1.0))],
                               [0, 1, 2], {"rows": ["method"], "cols": ["alpha"], "reference": {"method": "fedbuff"},
                                           "more_metrics": ["aulc_per_day"], "published": PUBLISHED})
-  members = sweep.expand(config)
   workdir = str(tmp_path / "ref")
-  sweep.write_sweep_json(config, members, workdir)
-  for m in members:
-    run_dir = sweep.member_dir(workdir, m)
-    os.makedirs(run_dir)
+  for m, run_dir in fake_members(config, workdir):
     acc = accuracy_of(m.labels["method"], m.labels["alpha"], m.labels["seed"])
     io.write_json_atomic(os.path.join(run_dir, "summary.json"), {
         "status": "completed", "final_test_accuracy": acc, "aulc_per_day": acc / 2, "wall_seconds": 1800.0,
@@ -615,10 +604,10 @@ def test_reference_marks_only_differences_larger_than_the_noise(tmp_path):
 def test_one_seed_says_so_and_curves_get_a_band_with_several(tmp_path):
   workdir = _reference_sweep(tmp_path, lambda m, a, s: 0.5 + 0.01 * s)
   frame = report.load_members(workdir)[1]
-  days, mean, half = report_lib._mean_curve(frame[frame["label:method"] == "fedpsa"]["run_dir"].tolist()[:3])
-  finals = np.array([0.5, 0.51, 0.52])  # the three seeds of fedpsa at α = 0.1
-  assert list(days) == [0.0, 0.1] and mean[1] == pytest.approx(finals.mean())
-  assert half[1] == pytest.approx(report_stats_half(finals))
+  curves = report_lib._seed_curves(frame[frame["label:method"] == "fedpsa"].iloc[:3])["test_accuracy"]
+  # [day, seed] of fedpsa's three seeds at α = 0.1: the table each curve's mean and band are drawn from
+  assert list(curves.index) == [0.0, 0.1] and list(curves.columns) == [0, 1, 2]
+  assert curves.loc[0.1].tolist() == pytest.approx([0.5, 0.51, 0.52])
   for name in os.listdir(os.path.join(workdir, "runs")):
     if not name.endswith("seed=0"):
       os.remove(os.path.join(workdir, "runs", name, "summary.json"))
@@ -635,7 +624,8 @@ def test_curve_bands_stay_within_what_an_accuracy_can_be(tmp_path, monkeypatch):
   bands = []
   monkeypatch.setattr(matplotlib.axes.Axes, "fill_between",
                       lambda self, x, low, high, **kw: bands.append((np.asarray(low), np.asarray(high))))
-  report.build(workdir)
+  sweep_config, frame = report.load_members(workdir)  # curves.png alone (the paired curves have bands of their own)
+  report_lib.curves_figure(sweep_config, frame, sweep_config["report"], ["alpha"], "method", str(tmp_path / "c.png"))
   finals = 100 * np.array(list(spread.values()))
   mean, half = finals.mean(), report_stats_half(finals)
   assert mean - half < 0 and mean + half > 100  # the unclipped band would leave the axis' range
@@ -746,36 +736,6 @@ def test_markers_and_verdicts_read_holms_p_not_the_unadjusted_one(tmp_path):
   assert next(l for l in table.splitlines() if l.startswith("| FedAsync")).count("▼") == 2
   paired_md = open(os.path.join(workdir, "report", "paired.md")).read()
   assert next(l for l in paired_md.splitlines() if l.startswith("| FedPSA (Ours) | α=0.1 |")).count("within the noise") == 1
-
-
-def _runs_with_metrics(tmp_path, methods: list[str]) -> list[str]:
-  dirs = []
-  for i, method in enumerate(methods):
-    run_dir = tmp_path / f"run{i}"
-    run_dir.mkdir()
-    io.write_json_atomic(str(run_dir / "summary.json"), {"status": "completed", "method": method})
-    (run_dir / "metrics.jsonl").write_text("".join(
-        json.dumps({"day": d, "test_accuracy": 0.1 + 0.1 * d * i, "bytes_uploaded": int(1e6 * d)}) + "\n"
-        for d in range(4)))
-    dirs.append(str(run_dir))
-  return dirs
-
-
-def test_accuracy_vs_upload_legend_stays_short_and_beside_the_axes(tmp_path, monkeypatch):
-  # A sweep's 39 runs once drew 39 legend entries over the data: now one per method, outside the axes.
-  from fedpsa_lab.figures import aifed as aifed_figures
-  drawn = []
-  monkeypatch.setattr(report_lib, "save_figure", lambda fig, path: drawn.append(fig) or path)
-  many = _runs_with_metrics(tmp_path, ["fedbuff", "fedpsa", "fedasync"] * 13)
-  aifed_figures.group_figures(many, str(tmp_path / "figs"))
-  legend = drawn[-1].axes[0].get_legend()
-  assert [t.get_text() for t in legend.get_texts()] == ["fedbuff", "fedpsa", "fedasync"]
-  assert legend.get_bbox_to_anchor().x0 > drawn[-1].axes[0].get_window_extent().x1 - 1  # right of the axes
-  assert len(drawn[-1].axes[0].lines) == 39 and drawn[-1].axes[0].get_ylim() == (0.0, 1.0)
-  (tmp_path / "few").mkdir()
-  few = _runs_with_metrics(tmp_path / "few", ["fedbuff", "fedpsa"])
-  aifed_figures.group_figures(few, str(tmp_path / "figs2"))
-  assert [t.get_text() for t in drawn[-1].axes[0].get_legend().get_texts()] == ["fedbuff (run0)", "fedpsa (run1)"]
 
 
 def test_a_report_title_says_what_the_members_ran():

@@ -62,10 +62,10 @@ def _markdown(frame: pd.DataFrame, first: str) -> str:
   return "\n".join(lines) + "\n"
 
 
-def group_figures(run_dirs: list[str], out_dir: str) -> list[str]:
+def group_figures(run_dirs: list[str], out_dir: str, report: report_lib.SweepReport | None = None) -> list[str]:
   """`buffer_weights.md` / `buffer_weights.csv`: `weight_spread` of every completed run among `run_dirs` that
   logs weights (a run still going would mix a part of its course into the means), and the mean per method;
-  nothing when there is none."""
+  nothing when there is none. (Per run and per `method` label, whatever the layout of `report`.)"""
   done = [d for d in sorted(run_dirs) if (io.read_summary(d) or {}).get("status") == "completed"]
   rows = [row for row in map(weight_spread, done) if row is not None]
   if not rows:

@@ -1,7 +1,7 @@
 """CASA's report figure: the clusters over time.
 
 `run_figures(run_dir, out_dir)` reads a run directory (config.json, metrics.jsonl) and, for a CASA run,
-draws `casa_clusters.png`: on top, each client's cluster (colour) at every evaluation (x: virtual day,
+draws `casa_clusters.png` (and its PDF): on top, each client's cluster (colour) at every evaluation (x: virtual day,
 y: client); below, the number of clusters and the global and personalised test accuracy. Other runs
 get no figure ([]).
 """
@@ -25,7 +25,7 @@ def cluster_matrix(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run_figures(run_dir: str, out_dir: str) -> list[str]:
-  """Paths of the PNGs drawn for the run in `run_dir` (written to `out_dir`); [] if it is not CASA."""
+  """Paths of the figures drawn for the run in `run_dir` (written to `out_dir`); [] if it is not CASA."""
   if (io.read_config(run_dir) or {}).get("method") != "casa":
     return []
   records = io.read_metrics(run_dir)
@@ -36,8 +36,8 @@ def run_figures(run_dir: str, out_dir: str) -> list[str]:
   plt = report_lib.pyplot()
   import matplotlib.ticker  # (after pyplot() chose the backend)
 
-  fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=(2, 1),
-                                    layout="constrained")
+  fig, (top, bottom) = plt.subplots(2, 1, figsize=(report_lib.FIGURE_WIDTH, 3 * report_lib.PANEL_HEIGHT),
+                                    sharex=True, height_ratios=(2, 1))
   # Step edges: each evaluation's assignment holds until the next one.
   edges = np.append(days, days[-1] + (days[-1] - days[-2] if len(days) > 1 else 1e-3))
   num = int(clusters.max()) + 1
@@ -50,17 +50,16 @@ def run_figures(run_dir: str, out_dir: str) -> list[str]:
   top.set_title("CASA: cluster of each client over time")
   bottom.step(days, [len(set(c)) for c in clusters.T], where="post", color="k", label="clusters")
   bottom.set_ylabel("clusters")
-  bottom.set_xlabel("virtual day")
+  bottom.set_xlabel("virtual time (days)")
   acc = bottom.twinx()
   rows = [r for r in records if "clusters" in r]
-  acc.plot(days, [r["test_accuracy"] for r in rows], color="tab:blue", label="global test accuracy")
+  acc.plot(days, [100 * r["test_accuracy"] for r in rows], label="global test accuracy", **report_lib.arm_style(1))
   if all("personalized_accuracy" in r for r in rows):
-    acc.plot(days, [r["personalized_accuracy"] for r in rows], color="tab:orange", label="personalised accuracy")
-  acc.set_ylabel("accuracy")
-  acc.set_ylim(0, 1)
+    acc.plot(days, [100 * r["personalized_accuracy"] for r in rows], label="personalised accuracy",
+             **report_lib.arm_style(2))
+  acc.set_ylabel("accuracy (%)")
+  acc.set_ylim(0, 100)
+  acc.grid(False)
   lines = bottom.get_legend_handles_labels()[0] + acc.get_legend_handles_labels()[0]
-  bottom.legend(lines, [line.get_label() for line in lines], loc="lower right", fontsize=8)
-  path = os.path.join(out_dir, "casa_clusters.png")
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return [path]
+  report_lib.legend_below(fig, handles=lines, labels=[line.get_label() for line in lines])
+  return report_lib.save_figure(fig, os.path.join(out_dir, "casa_clusters.png"))

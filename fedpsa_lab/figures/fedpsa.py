@@ -217,28 +217,29 @@ def alignment_markdown(stats: dict[str, Any]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def alignment_figure(stats: dict[str, Any], path: str, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> str:
-  """Fig. 6: mean alignment per κ bin (line, with its 95% t-interval) and the count per bin (bars, second
-  axis); with `pairs` (κ, align) also every sample, faintly."""
-  plt = report_lib.pyplot()
+def alignment_figure(stats: dict[str, Any], path: str, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> list[str]:
+  """Fig. 6: mean alignment per κ bin (line, with its 95% t-interval over the bin's updates) and the count per bin
+  (bars, second axis); with `pairs` (κ, align) also every sample, faintly."""
   bins = stats["bins"]
-  fig, ax = plt.subplots(figsize=(6, 3.8))
+  fig, (ax,) = report_lib.panels(1, height=1.4 * report_lib.PANEL_HEIGHT)
   centres = [b["centre"] for b in bins]
   twin = ax.twinx()
-  twin.bar(centres, [b["count"] for b in bins], width=0.8 * stats["bin_width"], alpha=0.3, color="gray")
-  twin.set_ylabel("count")
+  twin.bar(centres, [b["count"] for b in bins], width=0.8 * stats["bin_width"], alpha=0.3, color="gray",
+           label="updates per bin (right axis)")
+  twin.set_ylabel("updates per bin")
+  twin.grid(False)
   if pairs is not None:
-    ax.scatter(pairs[0], pairs[1], s=6, alpha=0.25, color="C1", label="updates")
+    ax.scatter(pairs[0], pairs[1], s=5, alpha=0.25, color=report_lib.OKABE_ITO[1], label="one update")
   ax.errorbar(centres, [b["mean_alignment"] for b in bins], yerr=[b["alignment_ci95"] for b in bins], fmt="o-",
-              color="C0", capsize=3, label="bin mean, 95% interval")
+              color=report_lib.OKABE_ITO[0], capsize=3, label="bin mean, 95% t-interval over its updates")
   ax.set_ylim(-1.05, 1.05)  # a cosine's range: a bin of 2 or 3 updates has an interval far wider
   ax.set_zorder(twin.get_zorder() + 1)  # the line over the count bars
   ax.patch.set_visible(False)
   ax.set_xlabel("κ (bin centre)")
-  ax.set_ylabel("mean alignment cos(g_client, g_server)")
-  ax.set_title(f"n={stats['n']}: r={stats['pearson']:.3f}, ρ={stats['spearman']:.3f}; binned "
-               f"r={stats['binned_pearson']:.3f}, ρ={stats['binned_spearman']:.3f}", fontsize=9)
-  ax.grid(True, alpha=0.3)
+  ax.set_ylabel(r"alignment $\cos(g_{\mathrm{client}}, g_{\mathrm{server}})$")
+  ax.set_title(f"n = {stats['n']} updates: r = {stats['pearson']:.3f}, ρ = {stats['spearman']:.3f}; binned "
+               f"r = {stats['binned_pearson']:.3f}, ρ = {stats['binned_spearman']:.3f}")
+  report_lib.legend_below(fig)
   return report_lib.save_figure(fig, path)
 
 
@@ -264,36 +265,37 @@ def alignment_report(r: report_lib.SweepReport) -> list[str]:
   written.append(report_lib.write_csv(pd.DataFrame(stats["bins"]), r.path("alignment_bins.csv")))
   io.write_json_atomic(r.path("alignment.json"), stats)
   written.append(r.path("alignment.json"))
-  written.append(alignment_figure(stats, r.path("alignment.png"), (frame["kappa"], frame["alignment"])))
+  written += alignment_figure(stats, r.path("alignment.png"), (frame["kappa"], frame["alignment"]))
   return written
 
 
 # --- overheads (Fig. 5) -------------------------------------------------------------------------------
 
 
-def overhead_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], path: str) -> str:
+def overhead_figure(sweep: dict[str, Any], frame: pd.DataFrame, spec: dict[str, Any], path: str) -> list[str]:
   """Fig. 5: per dataset panel, bars of client and server compute seconds per method and a line of the
   MiB communicated (uploads + downloads), on a second axis."""
-  plt = report_lib.pyplot()
   methods = report_lib.axis_labels(sweep, "method", frame)
   datasets = report_lib.axis_labels(sweep, "dataset", frame)
-  fig, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets), 3.6), squeeze=False)
+  fig, axes = report_lib.panels(len(datasets), height=1.3 * report_lib.PANEL_HEIGHT)
   x = np.arange(len(methods))
-  for ax, dataset in zip(axes.flat, datasets):
+  for ax, dataset in zip(axes, datasets):
     stat = {m: {k: report_lib.cell_stats(frame, {"method": m, "dataset": dataset}, k, s)[0]
                 for k, s, _ in OVERHEAD_METRICS} for m in methods}
-    ax.bar(x - 0.2, [stat[m]["client_compute_seconds"] for m in methods], 0.4, label="client compute (s)")
-    ax.bar(x + 0.2, [stat[m]["server_compute_seconds"] for m in methods], 0.4, label="server compute (s)")
+    ax.bar(x - 0.2, [stat[m]["client_compute_seconds"] for m in methods], 0.4, label="client compute",
+           color=report_lib.OKABE_ITO[1])
+    ax.bar(x + 0.2, [stat[m]["server_compute_seconds"] for m in methods], 0.4, label="server compute",
+           color=report_lib.OKABE_ITO[2])
     names = [report_lib.display_name(spec, m).replace(" (Ours)", "").replace(" (Base)", "") for m in methods]
-    ax.set_xticks(x, names, rotation=45, fontsize=7)
-    ax.set_ylabel("seconds")
+    ax.set_xticks(x, names, rotation=45, ha="right")
+    ax.set_ylabel("compute (s)")
     ax.set_title(report_lib.display_name(spec, dataset))
     twin = ax.twinx()
-    twin.plot(x, [stat[m]["bytes_communicated"] for m in methods], "k.-", label="communication (MiB)")
-    twin.set_ylabel("MiB communicated")
-  handles = axes.flat[0].get_legend_handles_labels()
-  axes.flat[0].legend(handles[0] + [plt.Line2D([], [], color="k", marker=".")],
-                      handles[1] + ["communication (MiB)"], fontsize=7)
+    twin.plot(x, [stat[m]["bytes_communicated"] for m in methods], marker=".", label="communicated (right axis)",
+              **report_lib.arm_style(0))
+    twin.set_ylabel("communicated (MiB)")
+    twin.grid(False)
+  report_lib.legend_below(fig)
   return report_lib.save_figure(fig, path)
 
 
@@ -308,7 +310,7 @@ def overhead_report(r: report_lib.SweepReport) -> list[str]:
     tables.append(table.means.add_prefix(f"{metric}:"))
   written.append(report_lib.write_text(r.path("overhead.md"), "\n".join(sections)))
   written.append(report_lib.write_csv(pd.concat(tables, axis=1), r.path("overhead.csv")))
-  written.append(overhead_figure(r.sweep, r.frame, r.spec, r.path("overhead.png")))
+  written += overhead_figure(r.sweep, r.frame, r.spec, r.path("overhead.png"))
   return written
 
 

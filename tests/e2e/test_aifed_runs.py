@@ -6,6 +6,8 @@ whole models.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -55,7 +57,8 @@ def test_end_to_end_aifed_uploads_less_than_fedbuff_and_learns(runs):
 def test_figure_plots_accuracy_against_accumulated_upload(runs, tmp_path):
   dirs = [runs[m][2] for m in ("aifed", "fedbuff")]
   paths = aifed_figures.group_figures(dirs, str(tmp_path / "figs"))
-  assert len(paths) == 1 and open(paths[0], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+  assert [os.path.basename(p) for p in paths] == ["accuracy_vs_upload.png", "accuracy_vs_upload.pdf"]
+  assert open(paths[0], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
   for method in ("aifed", "fedbuff"):
     sim, summary, workdir = runs[method]
     mb, acc = aifed_figures.accuracy_vs_upload(workdir)

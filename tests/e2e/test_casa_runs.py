@@ -102,5 +102,6 @@ def test_cluster_figure_for_casa_runs_only(planted_runs, tmp_path):
   records = planted_runs["casa"][1]
   days, clusters = casa_figures.cluster_matrix(records)
   assert clusters.shape == (20, len(records)) and clusters[:, -1].tolist() == records[-1]["clusters"]
-  (path,) = casa_figures.run_figures(planted_runs["casa"][3], str(tmp_path))
+  path, pdf = casa_figures.run_figures(planted_runs["casa"][3], str(tmp_path))
   assert path.endswith("casa_clusters.png") and open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+  assert pdf.endswith("casa_clusters.pdf") and open(pdf, "rb").read(4) == b"%PDF"
