@@ -136,6 +136,13 @@ def _stack(trees: Sequence[Params]) -> Params:
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
+def client_data(x_all: jax.Array, y_all: jax.Array, index_table: jax.Array,
+                sizes: Sequence[int]) -> list[local.ClientData]:
+  """Each client's `local.ClientData` (row i of `index_table`, its size a host int32, orders None: a job draws
+  them), sliced once for a run's every job."""
+  return [local.ClientData(x_all, y_all, row, None, np.int32(n)) for row, n in zip(index_table, sizes)]
+
+
 def vmap_width(requested: int, concurrency: int, devices: int = 1) -> int:
   """Clients per vmapped call (`runtime.vmap_width`): `requested`, or for 0 the in-flight count C rounded up
   to a power of two (every pending job fits one call per step-count bucket); then rounded up to a multiple
@@ -160,9 +167,10 @@ class ClientExecutor:
     self.train_seconds = 0.0
     self.stats = ExecutionStats()
     self.home = fed.home  # where the data and the server state live
-    # Each client's index row, sliced once (slicing the table per job is an eager gather: host time per job), as
-    # the strategy's payloads read it; and the table padded to the width local training compiles for.
-    self.client_rows = list(fed.client_indices)
+    # Each client's data as the strategy's payloads read it (`ClientJob.data`: the table's own rows), built once:
+    # slicing the table per job is an eager gather (host time per job). And the table padded to the width local
+    # training compiles for (`training_data`).
+    self.client_data = client_data(fed.x_train, fed.y_train, fed.client_indices, fed.client_sizes)
     self.train_table = local.training_rows(fed.client_indices)
 
   def submit(self, job: Job) -> None:
@@ -199,10 +207,7 @@ class ClientExecutor:
                                  self.trainer.epochs)
 
   def _client_job(self, job: Job) -> strategies.ClientJob:
-    client = job.dispatch.client
-    data = local.ClientData(self.fed.x_train, self.fed.y_train, self.client_rows[client], None,
-                            np.int32(self.fed.client_sizes[client]))
-    return strategies.ClientJob(client=client, data=data, aux=job.aux)
+    return strategies.ClientJob(client=job.dispatch.client, data=self.client_data[job.dispatch.client], aux=job.aux)
 
   def _finish(self, jobs: Sequence[Job], ends: Sequence[Params]) -> None:
     """Every job's payload and Δ from its trained parameters (loop: one job; vmap/sharded: a batch). Under
@@ -242,9 +247,8 @@ class LoopExecutor(ClientExecutor):
     self.device_jobs = dict.fromkeys(self.devices, 0)  # jobs given to each device so far (`_issue`)
     server_data = (fed.x_train, fed.y_train, self.train_table)
     self.device_data = {d: server_data if d == self.home else place_data(server_data, d) for d in self.devices}
-    # Each client's index row on each device, sliced once here: slicing the table per job is an eager
-    # gather (host time per job).
-    self.device_rows = {d: list(data[2]) for d, data in self.device_data.items()}
+    # Each client's training data on each device, built once (as `client_data`: no gather per job).
+    self.device_clients = {d: client_data(*data, fed.client_sizes) for d, data in self.device_data.items()}
     # The clients' key on each device: a job's shuffle is drawn where it trains (fold_in(key, job id)).
     self.device_keys = {d: jax.device_put(clients_key, d) for d in self.devices}
 
@@ -298,16 +302,13 @@ class LoopExecutor(ClientExecutor):
 
   def _loop_one(self, job: Job, device: jax.Device) -> Params:
     """Issues one job's local training on `device` and returns its (not yet computed) parameters."""
-    client = job.dispatch.client
     steps = self.steps_of(job)
-    x_all, y_all, _ = self.device_data[device]
-    num_samples = int(self.fed.client_sizes[client])
     params, aux = (job.params_start, job.aux) if device == self.home else \
         jax.device_put((job.params_start, job.aux), device)
     # A copy on another device is this job's own: its first step may consume it (local.py, donation).
-    params_end = self.trainer.train_job(params, x_all=x_all, y_all=y_all, index_row=self.device_rows[device][client],
-                                        num_samples=num_samples, lr=job.lr, clients_key=self.device_keys[device],
-                                        job_id=job.dispatch.job_id, aux=aux, owned=device != self.home)
+    params_end = self.trainer.train_job(params, self.device_clients[device][job.dispatch.client], lr=job.lr,
+                                        clients_key=self.device_keys[device], job_id=job.dispatch.job_id, aux=aux,
+                                        owned=device != self.home)
     self.stats.batches += 1
     self.stats.jobs += 1
     self.stats.steps_needed += steps
@@ -384,8 +385,8 @@ class BatchedExecutor(ClientExecutor):
     if self.mesh is not None:  # each device gets its share of the clients
       per_client = jax.device_put(per_client, self.split)
     params_start, index_rows, sizes, lrs, keys, aux = per_client
-    params_end = self.trainer.train_batch(params_start, x_all=self.x_all, y_all=self.y_all, index_rows=index_rows,
-                                          num_samples=sizes, lr=lrs, keys=keys, total_steps=total_steps, aux=aux,
+    data = local.ClientData(self.x_all, self.y_all, index_rows, None, sizes)  # (J clients: a leading axis)
+    params_end = self.trainer.train_batch(params_start, data, lr=lrs, keys=keys, total_steps=total_steps, aux=aux,
                                           mesh=self.mesh, owned=True)  # (`_stack` made them)
     if self.mesh is not None:  # results back on the default device, where the server state lives
       params_end = jax.device_put(params_end, self.home)
