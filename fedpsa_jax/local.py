@@ -8,7 +8,7 @@ traced argument, so decaying it never recompiles.
 How the steps are looped is a per-backend choice; the measurements behind it: docs/performance.md.
 
 - `unrolled` (`train_job`, one client): a host loop over compiled calls of at most `max_unroll` steps
-  (a run builds its trainer with 1: one call per SGD step; benchmarks/unroll.py measures larger chunks).
+  (1, what every run uses: one call per SGD step; benchmarks/unroll.py measures larger chunks).
   An epoch is `n // B` full batches, in chunks of `max_unroll` and then powers of two, and then the partial
   batch at its own size, the next power of two >= n mod B (at least 8), masked past n. Compiled programs:
   one per (steps per call, rows per batch), so with max_unroll = 1 at most one per batch size (B, 8, 16,
@@ -135,7 +135,9 @@ class LocalTrainer:
   epochs: int
   regularizer: Regularizer | None = None
   loop: str = "unrolled"  # 'unrolled' | 'rolled' (see module docstring)
-  max_unroll: int = 16
+  # Steps per compiled call of the unrolled loops: 1, one call per SGD step, is what runs use (more compiles
+  # longer and runs no faster: docs/performance.md); larger only for benchmarks/unroll.py.
+  max_unroll: int = 1
   loss: LocalLoss | None = None  # replaces the masked mean cross-entropy when given
 
   # --- entry points ---------------------------------------------------------------------------------
