@@ -21,15 +21,15 @@ Eq. 14 fire on the planted groups within the run.
 
 `arg` (`config.parse_arg`): `smoke` and/or `field=value` overrides, comma-separated in any order, e.g.
 `configs/casa.py:smoke,casa.plus=True`. Without `smoke`, the model and the time-to-accuracy target follow
-the dataset (`fedpsa_lab.paper.PAPER_MODELS`, `TARGETS`) unless `model=` or `eval.target_accuracy=` is given.
+the dataset (`fedpsa_jax.choices.PAPER_MODELS`, `TARGETS`) unless `model=` or `eval.target_accuracy=` is given.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
+from fedpsa_jax.choices import PAPER_MODELS
 from fedpsa_jax.config import base_config, parse_arg, set_fields
-from fedpsa_lab.paper import PAPER_MODELS
 
 TARGETS = {"mnist": 0.95, "cifar10": 0.80}  # the paper's time-to-accuracy targets
 

@@ -9,7 +9,9 @@ The notebook API (`fedpsa_jax.api`), importable from the package itself:
   ex = fj.simulate(cfg); ex.run_until(0.02); ex.diagnostics()
   fj.load_run("runs/some-run")
 
-New algorithms: subclass `fj.Strategy`, decorate with `@fj.register("name")`, set `method="name"`.
+New algorithms: subclass `fj.Strategy`, decorate with `@fj.register("name")`, set `method="name"`. Models,
+datasets and execution backends have registries too: `fj.register_model`, `fj.register_dataset`,
+`fj.register_backend` (docs/architecture.md, "Where to add").
 
 The API is loaded on first use of one of its names, so that importing a submodule
 (`fedpsa_jax.config`, `fedpsa_jax.io`, ...) does not pull in pandas and the runner.
@@ -31,6 +33,9 @@ _EXPORTS = {
     "Explorer": "fedpsa_jax.api",
     "register": "fedpsa_jax.strategies",
     "Strategy": "fedpsa_jax.strategies",
+    "register_model": "fedpsa_jax.models",
+    "register_dataset": "fedpsa_jax.data.sources",
+    "register_backend": "fedpsa_jax.sim.executor",
 }
 
 __all__ = sorted(_EXPORTS)

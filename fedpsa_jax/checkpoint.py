@@ -71,9 +71,6 @@ class _QuietOrbax(logging.Filter):
     return record.levelno >= logging.WARNING and record.exc_info is None
 
 
-logging.getLogger("absl").addFilter(_QuietOrbax())
-
-
 def _raised_in_orbax(exc: BaseException | None) -> bool:
   """Whether `exc`, or an exception it was raised while handling, passed through orbax's code."""
   return any(f"{os.sep}orbax{os.sep}" in frame.filename
@@ -99,9 +96,6 @@ class _QuietOrbaxFutures(logging.Filter):
     return not (failure is not None and (_raised_in_orbax(failure) or is_write_limit(failure)))
 
 
-logging.getLogger("asyncio").addFilter(_QuietOrbaxFutures())
-
-
 def _is_closed_loop_callback(exc_type: type, value: BaseException, tb: Any) -> bool:
   """A callback that tensorstore (under orbax) runs on one of its threads when a write finishes, into the
   event loop of a save that already failed and closed it: nothing is left to report (the save raised)."""
@@ -123,8 +117,13 @@ def _unraisablehook_without_closed_loop_callbacks(hook: Callable) -> Callable:
 def _orbax():
   """orbax.checkpoint, imported at a run's first checkpoint (or restore) rather than with this module: with
   tensorstore it holds resident memory that a run would otherwise keep from its first step to its last.
-  Also keeps tensorstore's late callbacks into a failed save's closed event loop off the console
-  (`_unraisablehook_without_closed_loop_callbacks`)."""
+  Also keeps orbax's noise off the console, from its import on, in a process that uses it (importing this module
+  changes no global logging): its chatter and its threads' tracebacks (`_QuietOrbax`, on absl's logger), the
+  never-retrieved failures of a failed save (`_QuietOrbaxFutures`, on asyncio's) and tensorstore's late
+  callbacks into that save's closed event loop (`_unraisablehook_without_closed_loop_callbacks`). Each once."""
+  for logger, quiet in (("absl", _QuietOrbax), ("asyncio", _QuietOrbaxFutures)):
+    if not any(isinstance(f, quiet) for f in logging.getLogger(logger).filters):
+      logging.getLogger(logger).addFilter(quiet())
   import orbax.checkpoint as ocp
 
   if not getattr(sys.unraisablehook, "quiets_closed_loop_callbacks", False):

@@ -51,7 +51,7 @@ from fedpsa_jax.errors import ConfigError, DamagedRunFile, OutputWriteError, is_
 
 CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, EVENTS_FILE = "config.json", "summary.json", "metrics.jsonl", "events.jsonl"
 CHECKPOINTS_DIR, CORRUPT_CHECKPOINTS_DIR = "checkpoints", "checkpoints_corrupt"  # (checkpoint.CheckpointStore's)
-TENSORBOARD_DIR = "tensorboard"  # the event files of runtime.tensorboard (sim.recorder)
+TENSORBOARD_DIR = "tensorboard"  # RUN_DIR/tensorboard: the event files of runtime.tensorboard (sim.recorder)
 TMP_SUFFIX = ".tmp"  # `write_json_atomic`'s temporary file: PATH.tmp
 COMPRESSED = ".xz"  # a records directory's metrics and events: PATH.xz (`compress_jsonl`), read as PATH is
 LOCK_FILE = ".lock"  # one lock file per directory, whoever claims it (a run or a sweep)
@@ -60,7 +60,6 @@ LOCK_FILE = ".lock"  # one lock file per directory, whoever claims it (a run or 
 # would otherwise start over beside what it cannot read, or fail half-way with its outputs cut back.
 RUN_FILES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, EVENTS_FILE, LOCK_FILE)
 RUN_DIRS = (CHECKPOINTS_DIR, CORRUPT_CHECKPOINTS_DIR)
-TENSORBOARD_DIR = "tensorboard"  # RUN_DIR/tensorboard: the event files of runtime.tensorboard
 # The fields of a metrics.jsonl line that every reader draws with (a learning curve: accuracy against days),
 # and the types their values may have; every evaluation writes them (`sim.runner`), with more.
 METRICS_FIELDS = {"day": (int, float), "test_accuracy": (int, float)}

@@ -8,7 +8,7 @@ traced argument, so decaying it never recompiles.
 How the steps are looped is a per-backend choice; the measurements behind it: docs/performance.md.
 
 - `unrolled` (`train_job`, one client): a host loop over compiled calls of at most `max_unroll` steps
-  (a run builds its trainer with 1: one call per SGD step; benchmarks/unroll.py measures larger chunks).
+  (1, what every run uses: one call per SGD step; benchmarks/unroll.py measures larger chunks).
   An epoch is `n // B` full batches, in chunks of `max_unroll` and then powers of two, and then the partial
   batch at its own size, the next power of two >= n mod B (at least 8), masked past n. Compiled programs:
   one per (steps per call, rows per batch), so with max_unroll = 1 at most one per batch size (B, 8, 16,
@@ -135,47 +135,46 @@ class LocalTrainer:
   epochs: int
   regularizer: Regularizer | None = None
   loop: str = "unrolled"  # 'unrolled' | 'rolled' (see module docstring)
-  max_unroll: int = 16
+  # Steps per compiled call of the unrolled loops: 1, one call per SGD step, is what runs use (more compiles
+  # longer and runs no faster: docs/performance.md); larger only for benchmarks/unroll.py.
+  max_unroll: int = 1
   loss: LocalLoss | None = None  # replaces the masked mean cross-entropy when given
 
   # --- entry points ---------------------------------------------------------------------------------
 
-  def train_job(self, params: Params, *, x_all: jax.Array, y_all: jax.Array, index_row: jax.Array,
-                num_samples: int, lr: float | jax.Array, clients_key: jax.Array, job_id: int, aux: Any = (),
-                owned: bool = False) -> Params:
-    """Job `job_id`'s client update: E epochs of SGD from `params` on the samples `index_row[:num_samples]`,
-    shuffled under the key fold_in(clients_key, job_id) (`epoch_orders`).
+  def train_job(self, params: Params, data: ClientData, *, lr: float | jax.Array, clients_key: jax.Array,
+                job_id: int, aux: Any = (), owned: bool = False) -> Params:
+    """Job `job_id`'s client update: E epochs of SGD from `params` on the client's samples
+    `data.index_row[:data.num_samples]`, shuffled under the key fold_in(clients_key, job_id) (`epoch_orders`).
 
-    `num_samples` is a host integer (the host knows each client's size); everything else may be on device,
-    `clients_key` on the device of the other arguments. `aux` is handed to `loss` at every step. `owned`:
-    `params` is the caller's to give up (a buffer nobody else holds, e.g. just copied to the client's
+    `data.num_samples` is a host integer (the host knows each client's size) and `data.orders` None (they are
+    drawn here); the arrays may be on device, `clients_key` on theirs. `aux` is handed to `loss` at every step.
+    `owned`: `params` is the caller's to give up (a buffer nobody else holds, e.g. just copied to the client's
     device), so the first step may consume it rather than a copy (module docstring). Rolled, the shuffle and
     every epoch are one compiled call (where a dense model's steps are short, each call's dispatch is a large
     part of a job's host time); unrolled, the shuffle is one call and then each chunk of steps one more.
     """
     # NumPy scalars, not jnp.asarray: jit's C++ dispatch takes them directly, where an eager conversion costs
     # host time per call (benchmarks/host_overhead.py).
-    n, job = np.int32(num_samples), np.uint32(job_id)
+    n, job = np.int32(data.num_samples), np.uint32(job_id)
     lr = np.float32(lr) if not isinstance(lr, jax.Array) else lr
     if self.loop == "rolled":  # (one call: nothing in flight between steps to save)
-      full, rest = self.epoch_plan(num_samples)
-      data = ClientData(x_all, y_all, index_row, None, n)
-      return _run_job(params, params if self.uses_anchor else (), lr, data, clients_key, job, np.int32(full), aux,
-                      trainer=self, rest=rest)
-    orders = _job_orders(clients_key, job, n, max_samples=index_row.shape[0], epochs=self.epochs)
+      full, rest = self.epoch_plan(n)
+      return _run_job(params, params if self.uses_anchor else (), lr, data.replace(num_samples=n), clients_key, job,
+                      np.int32(full), aux, trainer=self, rest=rest)
+    orders = _job_orders(clients_key, job, n, max_samples=data.index_row.shape[0], epochs=self.epochs)
     params, anchor = self._working_copy(params, owned)
-    data = ClientData(x_all, y_all, index_row, orders, n)
-    calls = self.epoch_calls(num_samples)
+    data = data.replace(orders=orders, num_samples=n)
+    calls = self.epoch_calls(n)
     for epoch in range(self.epochs):
       for start, count, rows in calls:  # Python ints: traced (start, epoch) or static (count, rows)
         params = _run_batches(params, anchor, lr, data, epoch, start, aux, trainer=self, count=count, rows=rows)
     return params
 
-  def train_batch(self, params: Params, *, x_all: jax.Array, y_all: jax.Array, index_rows: jax.Array,
-                  num_samples: jax.Array, lr: jax.Array, keys: jax.Array, total_steps: int, aux: Any = (),
-                  mesh: jax.sharding.Mesh | None = None, owned: bool = False) -> Params:
-    """J client updates at once: every argument but x_all/y_all has a leading client axis of size J, and
-    client j's samples are shuffled under `keys[j]` itself.
+  def train_batch(self, params: Params, data: ClientData, *, lr: jax.Array, keys: jax.Array, total_steps: int,
+                  aux: Any = (), mesh: jax.sharding.Mesh | None = None, owned: bool = False) -> Params:
+    """J client updates at once: every argument and field of `data` but `x_all`/`y_all` has a leading client
+    axis of size J (`data.orders` None: drawn here), and client j's samples are shuffled under `keys[j]` itself.
 
     Each client runs `total_steps` steps (a host int, at least every client's own step count); steps
     past a client's own count are masked no-ops, so client j's result equals one client's training on its
@@ -183,8 +182,7 @@ class LocalTrainer:
     mesh's devices with `shard_map` (J must be a multiple of the device count); without it the J
     clients are vmapped on the default device. `owned` as in `train_job`.
     """
-    orders = _epoch_orders_batch(keys, num_samples, index_rows.shape[1], self.epochs)
-    data = ClientData(x_all, y_all, index_rows, orders, num_samples)
+    data = data.replace(orders=_epoch_orders_batch(keys, data.num_samples, data.index_row.shape[1], self.epochs))
     params, anchor = self._working_copy(params, owned)
     if self.loop == "rolled":
       return _run_batch(params, anchor, lr, data, jnp.int32(0), jnp.int32(total_steps), aux, trainer=self,

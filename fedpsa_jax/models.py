@@ -21,7 +21,7 @@ depend on the flag, so one parameter tree serves both calls.
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
@@ -251,11 +251,24 @@ class TinyMLP(nn.Module):
     return (features, logits) if return_features else logits
 
 
-# model.name -> module; its names are choices.MODELS, which config validation checks against.
+# model.name -> module: the built-in ones (choices.MODELS), then those added by `register_model`.
 MODELS = {"mnist_cnn": MnistCNN, "linear": Linear, "cifar_cnn": CifarCNN, "tiny_mlp": TinyMLP,
           "aifed_cnn": AiFedCNN}
 # Models that accept `return_features=True` (a feature extractor below a Dense classifier).
 FEATURE_MODELS = ("mnist_cnn", "cifar_cnn", "tiny_mlp", "aifed_cnn")
+
+
+def register_model(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
+  """Class decorator: makes a Linen module selectable as `config.model.name = name` in this process (as
+  `strategies.register` does a strategy). A run builds it as `cls(num_classes=..., param_init=...)` (`param_init`
+  one of INITS) and calls `model.apply(params, x)` on NHWC float32 images; `fits` checks it takes the data's."""
+
+  def wrap(cls: type[nn.Module]) -> type[nn.Module]:
+    MODELS[name] = cls
+    choices.register("model.name", name)  # (what config validation reads: it imports no model)
+    return cls
+
+  return wrap
 
 
 def classifier_layer(params: Mapping[str, Any]) -> str:

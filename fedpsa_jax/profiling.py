@@ -175,10 +175,10 @@ class Profiler:
       self.add("sgd_step_partial", compiled_cost(partial_step, state, data, orders[0]),
                lambda: partial_jit(state, data, orders[0]), batch=rest)
     programs = trainer.update_programs(state, data.replace(num_samples=n))
+    job_data = data.replace(orders=None, num_samples=n)  # (a job draws its own orders)
     cost = _summed([_scaled(compiled_cost(fn, *args), times) for times, fn, args in programs])
     self.add("client_update", cost,
-             lambda: trainer.train_job(self.params, x_all=fed.x_train, y_all=fed.y_train, index_row=row,
-                                       num_samples=n, lr=0.01, clients_key=key, job_id=0),
+             lambda: trainer.train_job(self.params, job_data, lr=0.01, clients_key=key, job_id=0),
              steps=steps, samples=n, full_batches=trainer.epochs * full, partial_batches=trainer.epochs * (rest > 0),
              partial_rows=rest)
 

@@ -1,8 +1,8 @@
 """The paper's experimental setup (Sec. 6.1), shared by the sweep configs in `configs/paper/`.
 
 Each `configs/paper/<result>.py` builds its sweep from these pieces: the run config of Sec. 6.1
-(`paper_base`), the dataset axis with the paper's model per dataset (`dataset_axis`, `PAPER_MODELS`, the
-one table of it, which `configs/paper/experiment.py` and `configs/casa.py` use too), the methods in the
+(`paper_base`), the dataset axis with the paper's model per dataset (`dataset_axis`; `PAPER_MODELS`, the
+simulator's one table of it, `fedpsa_jax.choices`, re-exported), the methods in the
 paper's row order with their printed names, and the `:arg` options every paper config shares
 (`parse_arg`, the grammar of `config.parse_arg`: `smoke` switches to the embedded data and tiny budgets;
 `seeds=K` repeats each member; `field=value` changes a field of the base run config of every member, e.g.
@@ -29,6 +29,7 @@ import ml_collections
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import sweep
+from fedpsa_jax.choices import PAPER_MODELS  # (re-exported: the simulator's one table of the paper's models)
 from fedpsa_jax.validation import integer
 
 # The paper's rows, in its order (Tables 1-3), and the names it prints.
@@ -42,10 +43,6 @@ DISPLAY_NAMES = {"fedbuff": "FedBuff (Base)", "fedavg": "FedAvg", "fedasync": "F
                  "gamma": "γ", "delta": "δ", "buffer_size": "L_s", "queue_length": "L_q",
                  "final_test_accuracy": "Final test accuracy (%)",
                  "aulc_per_day": "AULC per virtual day: the mean test accuracy over the run (%)"}
-# Sec. 6.1's model per dataset (FMNIST: one fully connected layer, so no FedPAC); the embedded datasets
-# take the model of what they hold (mnist_5k: MNIST images) or the small test model (synthetic).
-PAPER_MODELS = {"mnist": "mnist_cnn", "fashion_mnist": "linear", "cifar10": "cifar_cnn", "cifar100": "cifar_cnn",
-                "mnist_5k": "mnist_cnn", "synthetic": "tiny_mlp"}
 # The smoke stand-in model: small, with a feature extractor where the paper's model has one.
 SMOKE_MODELS = {"mnist_cnn": "tiny_mlp", "cifar_cnn": "tiny_mlp", "linear": "linear"}
 ALPHAS = (0.1, 0.5, 1.0)

@@ -109,7 +109,7 @@ def strategy_context(model, params, *, num_clients: int = 6, sizes=None, concurr
                          client_sizes=sizes, concurrency=concurrency, num_classes=num_classes,
                          input_shape=input_shape or (), seed=seed, sample=sample,
                          split_sizes={"train": 0 if train_batch is None else len(train_batch[1])},
-                         model_name=model_name, **({} if runtime is None else {"runtime": runtime}))
+                         model_name=model_name, runtime=config_lib.runtime_config() if runtime is None else runtime)
 
 
 # --- the strategies' unit tests: a TinyMLP, its context and hand-made arrivals ------------------------------

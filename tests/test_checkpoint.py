@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import types
@@ -551,11 +552,25 @@ def test_orbax_background_tracebacks_are_dropped_and_its_warnings_kept():
 
 
 @pytest.mark.slow
+def test_the_log_filters_come_with_orbax_not_with_the_module():
+  """Importing the module changes no logger (a process that never checkpoints keeps asyncio's and absl's
+  records as they are); a process's first use of orbax installs each filter, once however often it is used."""
+  code = ("import logging, sys\nfrom fedpsa_jax import checkpoint\n"
+          "count = lambda: [len(logging.getLogger(name).filters) for name in ('absl', 'asyncio')]\n"
+          "print(count(), 'orbax' in sys.modules)\n"
+          "checkpoint._orbax(); checkpoint._orbax()\nprint(count())\n")
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.split("\n")[:2] == ["[0, 0] False", "[1, 1]"]
+
+
+@pytest.mark.slow
 def test_never_retrieved_failures_of_orbax_writes_are_dropped_and_any_other_kept(caplog):
   """When one write of a save fails, asyncio logs the failures of the others ("Future exception was never
   retrieved", with a traceback) whenever their futures are collected, after the save has raised: those
   records are dropped if the failure passed through orbax's code, directly or as the exception it was handling,
   or says the disk is full (tensorstore's own futures hold its error text and no Python frame)."""
+  checkpoint._orbax()  # (what installs the filter: a process's first checkpoint)
   namespace = {}
   orbax_file = os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "_src", "path", "async_path.py")
   exec(compile("def write():\n  raise OSError(28, 'No space left on device')\n", orbax_file, "exec"), namespace)

@@ -1,17 +1,20 @@
-"""Imports point one way (docs/architecture.md, "Two packages" and "Layers"), and no module reaches into
-another's private names.
+"""Imports point one way (docs/architecture.md, "Two packages" and "Layers"), no module imports itself through
+others (an import cycle), and no module reaches into another's private names.
 
 Read from the source with `ast`, so a new module must be given its layer here (and in the docs) to pass, and
 an import that climbs (the simulator importing the command line, the report helpers importing the report
 driver, anything of the simulator `fedpsa_jax` importing the analysis `fedpsa_lab`) fails with the module
 and the import named. Imports inside functions count as well: a climb hidden in a function is a climb. The
 exceptions are named below: the registry look-ups (`REGISTRY_LOOKUPS`), where a module finds plug-ins
-registered above it, and the modules that load their own plug-ins by name (`DYNAMIC_IMPORTS`).
+registered above it, and the modules that load their own plug-ins by name (`DYNAMIC_IMPORTS`). A cycle fails
+even where each of its imports is allowed (a registry look-up into a module that imports the looker back): in
+a cycle, what a module holds while it loads depends on which of the cycle's modules was imported first.
 """
 
 from __future__ import annotations
 
 import ast
+import collections
 import functools
 import os
 
@@ -136,9 +139,59 @@ def _registry_key(imported: str) -> str:
   return f"{package}.{top}" if top != "__init__" else package
 
 
+def _import_graph(modules: dict[str, str]) -> dict[str, dict[str, int]]:
+  """{module: {module of `modules` it imports: the line of the first such import}}, module-level and
+  function-level imports alike (`_imports`). Only the imports written count: that importing `a.b.c` runs
+  `a/__init__.py` and `a/b/__init__.py` first is no edge (every package would be a cycle)."""
+  graph: dict[str, dict[str, int]] = {module: {} for module in modules}
+  for module, path in modules.items():
+    for imported, line in _imports(path, module):
+      if imported in modules and imported != module:
+        graph[module].setdefault(imported, line)
+  return graph
+
+
+def _cycle_from(start: str, graph: dict[str, dict[str, int]]) -> list[str] | None:
+  """The modules of the shortest import cycle through `start` (breadth first), from `start`; None: none."""
+  came_from: dict[str, str | None] = {start: None}
+  queue = collections.deque([start])
+  while queue:
+    module = queue.popleft()
+    for imported in sorted(graph[module]):
+      if imported == start:
+        path = [module]
+        while came_from[path[-1]] is not None:
+          path.append(came_from[path[-1]])
+        return path[::-1]
+      if imported not in came_from:
+        came_from[imported] = module
+        queue.append(imported)
+  return None
+
+
+def _cycles(modules: dict[str, str]) -> list[str]:
+  """Every import cycle among `modules`, one line each naming the file and line of each of its imports: the
+  shortest cycle through each module, each cycle once whichever of its modules found it."""
+  graph = _import_graph(modules)
+  found = {}
+  for start in sorted(graph):
+    cycle = _cycle_from(start, graph)
+    if cycle is not None:
+      first = cycle.index(min(cycle))
+      cycle = cycle[first:] + cycle[:first]
+      found[tuple(cycle)] = " -> ".join(f"{os.path.relpath(modules[m], REPOSITORY)}:{graph[m][n]}: {m} imports {n}"
+                                        for m, n in zip(cycle, cycle[1:] + cycle[:1]))
+  return [found[key] for key in sorted(found)]
+
+
 def test_every_module_imports_only_its_layer_and_below():
   violations = _violations(_modules())
   assert violations == [], "\n".join(violations)
+
+
+def test_no_import_cycles():
+  cycles = _cycles(_modules())
+  assert cycles == [], "import cycles:\n" + "\n".join(cycles)
 
 
 def test_the_allow_lists_name_only_what_exists():
@@ -207,3 +260,23 @@ def test_a_planted_climb_fails(tmp_path, module, source, found):
   lookup = tmp_path / "lookup.py"
   lookup.write_text("def f():\n  from fedpsa_jax import strategies\n")
   assert _violations({"fedpsa_jax.config.schema": str(lookup)}) == []
+
+
+def test_a_planted_cycle_fails(tmp_path):
+  """The cycle checker itself: a cycle of three modules, one import inside a function and one relative, planted
+  in copies of real modules' names, is reported once, named by every import; without its closing import, none."""
+  sources = {"fedpsa_jax.sim.runner": "from fedpsa_jax.sim import build\n",
+             "fedpsa_jax.sim.build": "import os\n\n\ndef f():\n  from fedpsa_jax.sim.executor import Job\n",
+             "fedpsa_jax.sim.executor": "from . import runner\n"}
+  paths = {module: str(tmp_path / f"{module.rpartition('.')[2]}.py") for module in sources}
+  for module, source in sources.items():
+    with open(paths[module], "w") as f:
+      f.write(source)
+  (cycle,) = _cycles(paths)
+  assert [edge.partition(": ")[2] for edge in cycle.split(" -> ")] == [
+      "fedpsa_jax.sim.build imports fedpsa_jax.sim.executor", "fedpsa_jax.sim.executor imports fedpsa_jax.sim.runner",
+      "fedpsa_jax.sim.runner imports fedpsa_jax.sim.build"]
+  assert "build.py:5:" in cycle and "executor.py:1:" in cycle and "runner.py:1:" in cycle
+  broken = tmp_path / "executor_without_the_import.py"
+  broken.write_text("import os\n")
+  assert _cycles({**paths, "fedpsa_jax.sim.executor": str(broken)}) == []

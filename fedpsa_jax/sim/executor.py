@@ -31,6 +31,9 @@ Backends (`runtime.execution`):
   `shard_map` (the width a multiple of the device count).
 - `auto`: `loop`, the fastest measured on a CPU and on a GPU (see `resolve_execution`).
 
+Each backend is a builder registered by name (`register_backend`, as strategies are): `make_executor` builds the
+one a config names, and another backend is one `ClientExecutor` subclass and its registered builder.
+
 Padding waste (masked steps / steps run) and the number of batches are kept in `stats`.
 
 Waiting. The executor never waits for a device unless `phase_timing` asks it to (`runtime.phase_timing`):
@@ -48,7 +51,7 @@ import functools
 import heapq
 import math
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +64,25 @@ from fedpsa_jax.sim.scheduler import Dispatch
 from fedpsa_jax.tree_util import tree_sub
 
 Params = Any
-EXECUTIONS = choices.EXECUTIONS  # runtime.execution: defined once, in the config's vocabularies
+EXECUTIONS = choices.EXECUTIONS  # runtime.execution, built in: defined once, in the config's vocabularies
+# A backend's builder: (trainer, fed, strategy, clients_key, *, compiles, phase_timing, width, concurrency,
+# jobs_ahead) -> ClientExecutor; each takes the options it uses and leaves the rest (`**_`).
+Builder = Callable[..., "ClientExecutor"]
+_BACKENDS: dict[str, Builder] = {}
+
+
+def register_backend(name: str) -> Callable[[Builder], Builder]:
+  """Decorator: makes a builder selectable as `config.runtime.execution = name` in this process (as
+  `strategies.register` does a strategy). `make_executor` calls it with the run's trainer, federated data,
+  strategy and clients key, and the keyword options `compiles` (a CompileCounter or None), `phase_timing`,
+  `width` and `concurrency` (the vmap width's inputs) and `jobs_ahead` (the `runtime` section's)."""
+
+  def wrap(build: Builder) -> Builder:
+    _BACKENDS[name] = build
+    choices.register("runtime.execution", name)  # (what config validation reads: it imports no executor)
+    return build
+
+  return wrap
 
 
 def resolve_execution(execution: str) -> str:
@@ -136,6 +157,13 @@ def _stack(trees: Sequence[Params]) -> Params:
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
+def client_data(x_all: jax.Array, y_all: jax.Array, index_table: jax.Array,
+                sizes: Sequence[int]) -> list[local.ClientData]:
+  """Each client's `local.ClientData` (row i of `index_table`, its size a host int32, orders None: a job draws
+  them), sliced once for a run's every job."""
+  return [local.ClientData(x_all, y_all, row, None, np.int32(n)) for row, n in zip(index_table, sizes)]
+
+
 def vmap_width(requested: int, concurrency: int, devices: int = 1) -> int:
   """Clients per vmapped call (`runtime.vmap_width`): `requested`, or for 0 the in-flight count C rounded up
   to a power of two (every pending job fits one call per step-count bucket); then rounded up to a multiple
@@ -160,9 +188,10 @@ class ClientExecutor:
     self.train_seconds = 0.0
     self.stats = ExecutionStats()
     self.home = fed.home  # where the data and the server state live
-    # Each client's index row, sliced once (slicing the table per job is an eager gather: host time per job), as
-    # the strategy's payloads read it; and the table padded to the width local training compiles for.
-    self.client_rows = list(fed.client_indices)
+    # Each client's data as the strategy's payloads read it (`ClientJob.data`: the table's own rows), built once:
+    # slicing the table per job is an eager gather (host time per job). And the table padded to the width local
+    # training compiles for (`training_data`).
+    self.client_data = client_data(fed.x_train, fed.y_train, fed.client_indices, fed.client_sizes)
     self.train_table = local.training_rows(fed.client_indices)
 
   def submit(self, job: Job) -> None:
@@ -170,6 +199,12 @@ class ClientExecutor:
 
   def result(self, job_id: int) -> tuple[Params, Any]:
     raise NotImplementedError
+
+  @functools.cached_property
+  def training_data(self) -> list[local.ClientData]:
+    """Each client's data as local training reads it, on the server's device (`train_table`'s rows): what a
+    job trained there hands `trainer.train_job`."""
+    return client_data(self.fed.x_train, self.fed.y_train, self.train_table, self.fed.client_sizes)
 
   def wait_for_home(self) -> None:
     """Waits for client training queued on the server's device (none by default)."""
@@ -199,13 +234,11 @@ class ClientExecutor:
                                  self.trainer.epochs)
 
   def _client_job(self, job: Job) -> strategies.ClientJob:
-    client = job.dispatch.client
-    data = local.ClientData(self.fed.x_train, self.fed.y_train, self.client_rows[client], None,
-                            np.int32(self.fed.client_sizes[client]))
-    return strategies.ClientJob(client=client, data=data, aux=job.aux)
+    return strategies.ClientJob(client=job.dispatch.client, data=self.client_data[job.dispatch.client], aux=job.aux)
 
-  def _finish(self, jobs: Sequence[Job], ends: Sequence[Params]) -> None:
-    """Every job's payload and Δ from its trained parameters (loop: one job; vmap/sharded: a batch). Under
+  def finish(self, jobs: Sequence[Job], ends: Sequence[Params]) -> None:
+    """Every job's payload and Δ from its trained parameters (loop: one job; vmap/sharded: a batch), into
+    `results`, on the server's device (where `ends` must be), as every backend hands them over. Under
     `phase_timing` the payloads are issued once the training is done and waited for, so that their time is
     told apart from it; otherwise nothing here waits."""
     if self.phase_timing:
@@ -242,9 +275,8 @@ class LoopExecutor(ClientExecutor):
     self.device_jobs = dict.fromkeys(self.devices, 0)  # jobs given to each device so far (`_issue`)
     server_data = (fed.x_train, fed.y_train, self.train_table)
     self.device_data = {d: server_data if d == self.home else place_data(server_data, d) for d in self.devices}
-    # Each client's index row on each device, sliced once here: slicing the table per job is an eager
-    # gather (host time per job).
-    self.device_rows = {d: list(data[2]) for d, data in self.device_data.items()}
+    # Each client's training data on each device, built once (as `client_data`: no gather per job).
+    self.device_clients = {d: client_data(*data, fed.client_sizes) for d, data in self.device_data.items()}
     # The clients' key on each device: a job's shuffle is drawn where it trains (fold_in(key, job id)).
     self.device_keys = {d: jax.device_put(clients_key, d) for d in self.devices}
 
@@ -282,7 +314,7 @@ class LoopExecutor(ClientExecutor):
       self._issue_ahead()
       if self.phase_timing:
         self._block_home()  # the payload below runs there: its time must not include queued training
-      self._finish([job], [end if device == self.home else jax.device_put(end, self.home)])
+      self.finish([job], [end if device == self.home else jax.device_put(end, self.home)])
     return self.results.pop(job_id)
 
   def wait_for_home(self) -> None:
@@ -298,16 +330,13 @@ class LoopExecutor(ClientExecutor):
 
   def _loop_one(self, job: Job, device: jax.Device) -> Params:
     """Issues one job's local training on `device` and returns its (not yet computed) parameters."""
-    client = job.dispatch.client
     steps = self.steps_of(job)
-    x_all, y_all, _ = self.device_data[device]
-    num_samples = int(self.fed.client_sizes[client])
     params, aux = (job.params_start, job.aux) if device == self.home else \
         jax.device_put((job.params_start, job.aux), device)
     # A copy on another device is this job's own: its first step may consume it (local.py, donation).
-    params_end = self.trainer.train_job(params, x_all=x_all, y_all=y_all, index_row=self.device_rows[device][client],
-                                        num_samples=num_samples, lr=job.lr, clients_key=self.device_keys[device],
-                                        job_id=job.dispatch.job_id, aux=aux, owned=device != self.home)
+    params_end = self.trainer.train_job(params, self.device_clients[device][job.dispatch.client], lr=job.lr,
+                                        clients_key=self.device_keys[device], job_id=job.dispatch.job_id, aux=aux,
+                                        owned=device != self.home)
     self.stats.batches += 1
     self.stats.jobs += 1
     self.stats.steps_needed += steps
@@ -384,31 +413,49 @@ class BatchedExecutor(ClientExecutor):
     if self.mesh is not None:  # each device gets its share of the clients
       per_client = jax.device_put(per_client, self.split)
     params_start, index_rows, sizes, lrs, keys, aux = per_client
-    params_end = self.trainer.train_batch(params_start, x_all=self.x_all, y_all=self.y_all, index_rows=index_rows,
-                                          num_samples=sizes, lr=lrs, keys=keys, total_steps=total_steps, aux=aux,
+    data = local.ClientData(self.x_all, self.y_all, index_rows, None, sizes)  # (J clients: a leading axis)
+    params_end = self.trainer.train_batch(params_start, data, lr=lrs, keys=keys, total_steps=total_steps, aux=aux,
                                           mesh=self.mesh, owned=True)  # (`_stack` made them)
     if self.mesh is not None:  # results back on the default device, where the server state lives
       params_end = jax.device_put(params_end, self.home)
-    self._finish(batch, _unstack(params_end, real))
+    self.finish(batch, _unstack(params_end, real))
     self.stats.batches += 1
     self.stats.jobs += real
     self.stats.steps_run += size * total_steps
+
+
+@register_backend("loop")
+def _loop(trainer, fed, strategy, clients_key, *, compiles, phase_timing, jobs_ahead, **_) -> ClientExecutor:
+  return LoopExecutor(trainer, fed, strategy, clients_key, compiles, phase_timing, jobs_ahead)
+
+
+@register_backend("vmap")
+def _vmap(trainer, fed, strategy, clients_key, *, compiles, phase_timing, width, concurrency, **_) -> ClientExecutor:
+  return BatchedExecutor(trainer, fed, strategy, clients_key, compiles, phase_timing=phase_timing,
+                         width=vmap_width(width, concurrency))
+
+
+@register_backend("sharded")
+def _sharded(trainer, fed, strategy, clients_key, *, compiles, phase_timing, width, concurrency,
+             **_) -> ClientExecutor:
+  mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("clients",))
+  return BatchedExecutor(trainer, fed, strategy, clients_key, compiles, mesh=mesh, phase_timing=phase_timing,
+                         width=vmap_width(width, concurrency, mesh.devices.size))
+
+
+def registered_backends() -> tuple[str, ...]:
+  """The `runtime.execution` names `make_executor` builds (`auto` is resolved before)."""
+  return tuple(_BACKENDS)
 
 
 def make_executor(execution: str, trainer: local.LocalTrainer, fed: FederatedData, strategy: strategies.Strategy,
                   clients_key: jax.Array, compiles: CompileCounter | None = None,
                   phase_timing: bool = False, width: int = 0, concurrency: int = 1,
                   jobs_ahead: int = 0) -> ClientExecutor:
-  """The backend `execution` names (`loop`, `vmap` or `sharded`; resolve `auto` first); `width` and
-  `concurrency` give vmap/sharded's clients per call (`vmap_width`), `jobs_ahead` loop's jobs issued ahead
-  per client device (0: each at its dispatch)."""
-  if execution == "loop":
-    return LoopExecutor(trainer, fed, strategy, clients_key, compiles, phase_timing, jobs_ahead)
-  if execution == "vmap":
-    return BatchedExecutor(trainer, fed, strategy, clients_key, compiles, phase_timing=phase_timing,
-                           width=vmap_width(width, concurrency))
-  if execution == "sharded":
-    mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("clients",))
-    return BatchedExecutor(trainer, fed, strategy, clients_key, compiles, mesh=mesh, phase_timing=phase_timing,
-                           width=vmap_width(width, concurrency, mesh.devices.size))
-  raise ValueError(f"runtime.execution={execution!r} is invalid; allowed: {', '.join(EXECUTIONS)}")
+  """The backend `execution` names (`register_backend`: `loop`, `vmap`, `sharded` or one registered; resolve
+  `auto` first); `width` and `concurrency` give vmap/sharded's clients per call (`vmap_width`), `jobs_ahead`
+  loop's jobs issued ahead per client device (0: each at its dispatch)."""
+  if execution not in _BACKENDS:
+    raise ValueError(f"runtime.execution={execution!r} is invalid; allowed: {', '.join(_BACKENDS)}")
+  return _BACKENDS[execution](trainer, fed, strategy, clients_key, compiles=compiles, phase_timing=phase_timing,
+                              width=width, concurrency=concurrency, jobs_ahead=jobs_ahead)

@@ -43,7 +43,6 @@ import ml_collections
 import numpy as np
 
 from fedpsa_jax import checkpoint
-from fedpsa_jax.config.schema import runtime_config
 from fedpsa_jax.local import ClientData, LocalLoss, Regularizer
 from fedpsa_jax.tree_util import tree_bytes
 
@@ -71,8 +70,10 @@ class StrategyContext:
   sample: Callable[[str, int, str], tuple[jax.Array, jax.Array]] | None = None
   split_sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # {'train': n, 'test': n}
   model_name: str = ""  # the run's model.name (FedPAC needs one with a feature extractor)
-  # The run's `runtime` section: how to compute, never what (FedPSA's Fisher path and chunk size).
-  runtime: ml_collections.ConfigDict = dataclasses.field(default_factory=runtime_config)
+  # The run's `runtime` section: how to compute, never what (FedPSA's Fisher path and chunk size). Required: its
+  # defaults are config.schema's, and config.schema looks up the strategies (a default from there is an import
+  # cycle); the run passes its own (sim/build.py).
+  runtime: ml_collections.ConfigDict = dataclasses.field(kw_only=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,18 +67,18 @@ def _run(method: str, execution: str, workdir, monkeypatch) -> Observed:
   train_batch = local.LocalTrainer.train_batch
   train_job = local.LocalTrainer.train_job
 
-  def spy_train_job(self, params, **kwargs):
+  def spy_train_job(self, params, data, **kwargs):
     # (The loop executor trains each job with one train_job call, its shuffle from fold_in(clients key, job id).)
     clients_key = kwargs["clients_key"]
     assert _key_bits(clients_key)[0].tolist() == _key_bits(seeding.device_key(config.seed, "clients"))[0].tolist()
     trained_ids.append((int(kwargs["job_id"]), float(kwargs["lr"])))
-    return train_job(self, params, **kwargs)
+    return train_job(self, params, data, **kwargs)
 
-  def spy_train_batch(self, params, **kwargs):
-    for bits, rate, n in zip(_key_bits(kwargs["keys"]), np.asarray(kwargs["lr"]), np.asarray(kwargs["num_samples"])):
+  def spy_train_batch(self, params, data, **kwargs):
+    for bits, rate, n in zip(_key_bits(kwargs["keys"]), np.asarray(kwargs["lr"]), np.asarray(data.num_samples)):
       if n > 0:  # (0 samples: an inert padding copy)
         trained.append((tuple(bits), float(rate)))
-    return train_batch(self, params, **kwargs)
+    return train_batch(self, params, data, **kwargs)
 
   monkeypatch.setattr(local.LocalTrainer, "train_job", spy_train_job)
   monkeypatch.setattr(local.LocalTrainer, "train_batch", spy_train_batch)

@@ -138,8 +138,8 @@ def test_fedpac_local_loss_by_hand_and_through_the_trainer():
   # Through LocalTrainer's hook with aux: one full-batch step (n = B = 5) is p − lr ∇loss.
   trainer = local.LocalTrainer(MODEL.apply, batch_size=5, epochs=1, loss=loss)
   row = jnp.arange(5, dtype=jnp.int32)
-  trained = trainer.train_job(PARAMS0, x_all=jnp.asarray(x), y_all=jnp.asarray(y), index_row=row, num_samples=5,
-                              lr=0.1, clients_key=jax.random.key(0), job_id=0,
+  data = local.ClientData(jnp.asarray(x), jnp.asarray(y), row, None, 5)
+  trained = trainer.train_job(PARAMS0, data, lr=0.1, clients_key=jax.random.key(0), job_id=0,
                               aux=(jnp.asarray(protos), jnp.asarray(known)))
   grads = jax.jit(jax.grad(lambda p: loss(MODEL.apply, p, p, x[:5], y[:5], np.ones(5, np.float32),
                                          (protos, known))))(PARAMS0)
