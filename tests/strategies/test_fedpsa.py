@@ -714,15 +714,20 @@ def test_kappas_sketches_and_weights_match_the_old_sketch_path(monkeypatch):
     assert_close(r_new["params"], r_old["params"], AGGREGATION_TOL)
 
 
+def _stale_arrivals(seed: int, taus: list[int]) -> tuple[list, list]:
+  """Random updates Δ_i (and sketches) arriving with staleness `taus`: (the Δ_i, their Arrivals)."""
+  rng = np.random.default_rng(seed)
+  deltas = [_random_like(PARAMS0, rng, 0.1) for _ in taus]
+  sketches = [jnp.asarray(rng.normal(size=K_SKETCH), jnp.float32) for _ in taus]
+  return deltas, [_arrival(i, d, s, staleness=t) for i, (t, d, s) in enumerate(zip(taus, deltas, sketches))]
+
+
 @pytest.mark.parametrize("queue_length", [50, 1])  # uniform phase (queue not full), softmax from the first flush
 def test_step_staleness_scales_the_eq19_weights_to_fedbuffs_sum(queue_length):
   # Same arrivals into FedPSA with step='unit' (Eq. 20) and step='staleness': the same κ and Temp, so the weights'
   # shape is the same and only their sum differs, FedBuff's (1/B) Σ (1 + τ_i)^(-1/2) for this buffer.
-  rng = np.random.default_rng(11)
   taus = [0, 1, 3]
-  deltas = [_random_like(PARAMS0, rng, 0.1) for _ in taus]
-  sketches = [jnp.asarray(rng.normal(size=K_SKETCH), jnp.float32) for _ in taus]
-  arrivals = [_arrival(i, d, s, staleness=t) for i, (t, d, s) in enumerate(zip(taus, deltas, sketches))]
+  deltas, arrivals = _stale_arrivals(11, taus)
   weights = {}
   for step in ("unit", "staleness"):
     strategy, state = _fedpsa(buffer_size=3, queue_length=queue_length)
@@ -752,11 +757,8 @@ def test_step_bad_value_names_the_field():
 def test_server_lr_multiplies_the_eq20_update(step):
   # η = 1.7 and η = 1 on the same arrivals: the same κ and Temp, so the weights are η times those at η = 1, and the
   # new model is w + η Σ weight_i Δ_i (a hand computation in float64); η = 1 is bit for bit the default.
-  rng = np.random.default_rng(12)
   taus = [0, 2, 5]
-  deltas = [_random_like(PARAMS0, rng, 0.1) for _ in taus]
-  sketches = [jnp.asarray(rng.normal(size=K_SKETCH), jnp.float32) for _ in taus]
-  arrivals = [_arrival(i, d, s, staleness=t) for i, (t, d, s) in enumerate(zip(taus, deltas, sketches))]
+  deltas, arrivals = _stale_arrivals(12, taus)
   out = {}
   for eta in (None, 1.0, 1.7):
     strategy, state = _fedpsa(buffer_size=3, queue_length=1)
