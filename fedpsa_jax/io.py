@@ -126,17 +126,6 @@ def symbolic_link_in(folder: str, names: Iterable[str]) -> str | None:
   return next((path for path, _ in _entries(folder, names) if os.path.islink(path)), None)
 
 
-def hard_linked_in(folder: str, names: Iterable[str], rewritten: Iterable[str] = IN_PLACE_FILES
-                   ) -> tuple[str, int] | None:
-  """(path, link count) of the first file named one of `rewritten` among `names` or inside them that has another
-  name too (a hard link: writing it in place writes that other name's content); None when there is none."""
-  rewritten = set(rewritten)
-  for path, st in _entries(folder, names):
-    if os.path.basename(path) in rewritten and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-      return path, st.st_nlink
-  return None
-
-
 def _entries(folder: str, names: Iterable[str]) -> Iterator[tuple[str, os.stat_result]]:
   """(path, lstat) of each of `names` in `folder` that exists and of everything inside those that are folders, in
   a fixed order (links are not followed)."""
@@ -157,11 +146,15 @@ def refuse_links(folder: str, names: Iterable[str], flag: str = "--workdir",
   """ConfigError naming the entry, before any work, when one of `names` in `folder` (the folder given as `flag`) is
   a symbolic link or holds one (`symbolic_link_in`): writing, moving or deleting through it would change files
   outside the folders the tool was given; or when a file among them that the tool rewrites in place (`rewritten`:
-  appended, truncated) has another name too (`hard_linked_in`): the tool would rewrite that other file."""
-  names = list(names)
-  link = symbolic_link_in(folder, names)
+  appended, truncated) has another name too (a hard link): the tool would rewrite that other file."""
+  rewritten, link, hard = set(rewritten), None, None
+  for path, st in _entries(folder, names):  # (one walk: a symbolic link anywhere is named before a hard link)
+    if stat.S_ISLNK(st.st_mode):
+      link = path
+      break
+    if hard is None and os.path.basename(path) in rewritten and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+      hard = path, st.st_nlink
   if link is None:
-    hard = hard_linked_in(folder, names, rewritten)
     if hard is None:
       return
     path, count = hard
