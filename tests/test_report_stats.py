@@ -3,6 +3,7 @@ upper bound of a spread, against scipy, brute-force loops, a least-squares fit a
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -96,6 +97,22 @@ def test_power_is_a_probability_wherever_the_noncentrality_is_large():
       scipy.stats.t.ppf(0.975, 4), 4, 1.5 * math.sqrt(5) / 0.4), abs=1e-15)
   assert report_stats.power_paired_t(0.4, 5, -1.0) == pytest.approx(report_stats.power_paired_t(0.4, 5, 1.0))
   assert report_stats.power_paired_t(0.4, 5, 0.0) == pytest.approx(0.05, rel=1e-9)  # the level, at no effect
+
+
+def test_power_agrees_with_statsmodels_wherever_statsmodels_is_finite():
+  # statsmodels' TTestPower is the reference formula; it is NaN where the noncentrality is large (its lower tail
+  # from nct.cdf), which is where power_paired_t must still be finite (the test above).
+  from statsmodels.stats.power import TTestPower
+
+  finite = 0
+  for sd, n, effect, level in itertools.product((0.2, 0.4, 0.82, 1.5), (3, 5, 8, 12), (0.0, 0.25, 1.0, 2.0),
+                                                (0.05, 0.0125)):
+    reference = TTestPower().power(effect_size=effect / sd, nobs=n, alpha=level, alternative="two-sided")
+    if np.isfinite(reference):
+      finite += 1
+      assert report_stats.power_paired_t(sd, n, effect, level) == pytest.approx(reference, rel=1e-9, abs=1e-12)
+  assert finite > 100  # most of the 256 points: the comparison is not vacuous
+  assert np.isnan(TTestPower().power(effect_size=1.5 / 0.4, nobs=5, alpha=0.05, alternative="two-sided"))
 
 
 @pytest.mark.slow
