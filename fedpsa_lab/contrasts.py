@@ -11,6 +11,9 @@ the report gives:
 - per block: the same contrast within one block (a paired t-test over the seeds); the contrasts × blocks a second
   family, Holm-adjusted together.
 
+With `gain_fraction` declared, the report also gives each arm's gain over the last `gain_fraction` of its run
+(gain.md): how far from a plateau its endpoint was taken.
+
 Endpoints: `tail_test_accuracy`, the mean test accuracy over the evaluations in the last `tail_fraction` of the
 run's virtual horizon (from metrics.jsonl: a single evaluation on a small test set jumps by several points from
 one evaluation to the next), and any summary.json field (`final_test_accuracy`, `aulc_per_day`).
@@ -38,6 +41,59 @@ def tail_accuracy(records: list[dict[str, Any]], horizon_days: float, fraction: 
   start = (1.0 - fraction) * horizon_days - 1e-9 * horizon_days  # (the grid's days are sums of float steps)
   values = [r["test_accuracy"] for r in records if r.get("day", -1.0) >= start and "test_accuracy" in r]
   return float(sum(values) / len(values)) if values else math.nan
+
+
+def window_accuracy(records: list[dict[str, Any]], horizon_days: float, start: float, end: float) -> float:
+  """The mean `test_accuracy` of the evaluations at start · horizon ≤ day ≤ end · horizon (NaN with none)."""
+  slack = 1e-9 * horizon_days  # (the grid's days are sums of float steps)
+  values = [r["test_accuracy"] for r in records if "test_accuracy" in r
+            and start * horizon_days - slack <= r.get("day", -1.0) <= end * horizon_days + slack]
+  return float(sum(values) / len(values)) if values else math.nan
+
+
+def gain(records: list[dict[str, Any]], horizon_days: float, tail_fraction: float, gain_fraction: float) -> float:
+  """The rise over the last `gain_fraction` of a run: the tail endpoint (`tail_accuracy`, the last `tail_fraction`)
+  minus the mean over a window as wide that ends where the last `gain_fraction` begins. Windows rather than single
+  evaluations, since one evaluation on a small test set jumps by several points."""
+  before = window_accuracy(records, horizon_days, 1.0 - gain_fraction - tail_fraction, 1.0 - gain_fraction)
+  return tail_accuracy(records, horizon_days, tail_fraction) - before
+
+
+def gain_frame(frame: pd.DataFrame, sweep: dict[str, Any]) -> pd.DataFrame:
+  """One row per arm × block, and per arm over all blocks (each seed's blocks averaged first): the mean gain over
+  the seeds (`gain`, × the analysis' scale) ± the half-width of its 95% t-interval, and the seeds."""
+  analysis = sweep["analysis"]
+  horizon, scale = sweep["base"]["sim"]["virtual_days"], analysis.get("scale", 1.0)
+  gains: dict[str, dict[Any, dict[int, float]]] = {}
+  for _, row in frame[frame["status"] == "completed"].iterrows():
+    value = gain(io.read_metrics(row["run_dir"]), horizon, analysis["tail_fraction"], analysis["gain_fraction"])
+    block = ",".join(str(row[f"label:{b}"]) for b in analysis.get("blocks", []))
+    arm, seed = row[f"label:{analysis['axis']}"], int(row["label:seed"])
+    gains.setdefault(arm, {}).setdefault(block, {})[seed] = value * scale
+  rows = []
+  for arm, by_block in gains.items():
+    seeds = sorted(set.intersection(*(set(v) for v in by_block.values())))
+    pooled = {"all": {s: sum(v[s] for v in by_block.values()) / len(by_block) for s in seeds}}
+    for block, values in ({**by_block, **pooled} if len(by_block) > 1 else by_block).items():
+      i = report_stats.interval(list(values.values()))
+      rows.append({"arm": arm, "block": block, "gain": i.mean, "ci95_half_width": i.half_width, "seeds": i.n})
+  return pd.DataFrame(rows)
+
+
+def gain_markdown(table: pd.DataFrame, sweep: dict[str, Any], title: str) -> str:
+  """gain.md: the definition, then one row per arm × block."""
+  analysis = sweep["analysis"]
+  tail, span = 100 * analysis["tail_fraction"], 100 * analysis["gain_fraction"]
+  lines = [title, f"Each arm's gain over the last {span:g}% of its run: its mean test accuracy over the last "
+           f"{tail:g}% (the primary endpoint) minus its mean over the {tail:g}% of the run that ends where the last "
+           f"{span:g}% begins ({100 - span - tail:g}% to {100 - span:g}% of the run), in percentage points: the mean "
+           "over the seeds ± the half-width of its 95% t-interval. A gain well above zero means the arm was still "
+           "climbing when its endpoint was taken; block `all` averages a seed's blocks first.", "",
+           "| arm | block | gain ± 95% CI | seeds |", "|---|---|---|---|"]
+  for _, r in table.iterrows():
+    half = "" if math.isnan(r.ci95_half_width) else f" ± {r.ci95_half_width:.2f}"
+    lines.append(f"| {r.arm} | {r.block} | {'-' if math.isnan(r.gain) else f'{r.gain:+.2f}{half}'} | {r.seeds} |")
+  return "\n".join([*lines, ""])
 
 
 def endpoint_values(frame: pd.DataFrame, sweep: dict[str, Any], endpoint: str
@@ -125,14 +181,21 @@ def contrasts_markdown(table: pd.DataFrame, sweep: dict[str, Any], title: str) -
 
 
 def write(frame: pd.DataFrame, sweep: dict[str, Any], out: str, title: str) -> list[str]:
-  """contrasts.md and contrasts.csv into `out`; nothing for a sweep without an `analysis` section or whose analysis
-  declares no contrasts (a tuning sweep's)."""
-  if not (sweep.get("analysis") or {}).get("contrasts"):
+  """contrasts.md and contrasts.csv into `out`, and gain.md and gain.csv where the analysis declares a
+  `gain_fraction`; nothing for a sweep without an `analysis` section or whose analysis declares no contrasts (a
+  tuning sweep's)."""
+  analysis = sweep.get("analysis") or {}
+  if not analysis.get("contrasts"):
     return []
   table = contrast_frame(frame, sweep)
-  return [report_lib.write_text(os.path.join(out, "contrasts.md"), contrasts_markdown(table, sweep, title)),
-          report_lib.write_csv(table, os.path.join(out, "contrasts.csv"))]
+  written = [report_lib.write_text(os.path.join(out, "contrasts.md"), contrasts_markdown(table, sweep, title)),
+             report_lib.write_csv(table, os.path.join(out, "contrasts.csv"))]
+  if analysis.get("gain_fraction"):
+    gains = gain_frame(frame, sweep)
+    written += [report_lib.write_text(os.path.join(out, "gain.md"), gain_markdown(gains, sweep, title)),
+                report_lib.write_csv(gains, os.path.join(out, "gain.csv"))]
+  return written
 
 
-__all__ = ["ENDPOINT_NAMES", "TAIL_ENDPOINT", "contrast_frame", "contrasts_markdown", "endpoint_values",
-           "tail_accuracy", "write"]
+__all__ = ["ENDPOINT_NAMES", "TAIL_ENDPOINT", "contrast_frame", "contrasts_markdown", "endpoint_values", "gain",
+           "gain_frame", "gain_markdown", "tail_accuracy", "window_accuracy", "write"]

@@ -18,7 +18,8 @@ steps) and how many rungs a shape may grow past either end of the grid. The rule
 chosen {shape: step}, refusing while any shape is incomplete or must still be extended: the confirmation
 config (`configs/results/tuned.py`) is built from it. `write` puts the scores and the choices in
 `report/tuning.md` and `tuning.csv`. `mean_flush_sum` measures a buffer's mean Σw from the runs' round events,
-the figure that converts FedBuff's server step η into its effective step η × Σw.
+the figure that converts FedBuff's server step η into its effective step η × Σw. `SHAPES` are the three shapes the
+tuning and the confirmation sweeps run, with the η each needs for a given effective step.
 """
 
 from __future__ import annotations
@@ -35,6 +36,35 @@ from fedpsa_jax import io
 from fedpsa_lab import contrasts, report_lib
 
 SELECTION_KEY = "selection"
+# FedBuff's mean Σw per flush on the embedded MNIST job (`mean_flush_sum` over shape_step's 16 FedBuff records;
+# held to them by tests/test_tuning.py).
+FEDBUFF_MEAN_STEP = 0.6556
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  """A buffer shape: a method as it is (its own weights), with only its server step η varied."""
+
+  fields: dict[str, Any]  # the method and the fields that make this shape
+  eta_field: str  # the field of its server step η
+  mean_flush_sum: float  # its mean Σw per flush on the job: effective step = η × this
+
+  def eta(self, step: float) -> float:
+    """The η of effective step `step`: the step itself where Σw is 1, else rounded to 4 decimals."""
+    return step if self.mean_flush_sum == 1.0 else round(step / self.mean_flush_sum, 4)
+
+  def fields_at(self, step: float) -> dict[str, Any]:
+    """The config fields of this shape at effective step `step`."""
+    return {**self.fields, self.eta_field: self.eta(step)}
+
+
+# shape -> Shape (docs/methods.md, "Shape and step"): the staleness discount, the uniform buffer, κ-softmax.
+SHAPES = {
+    "fedbuff": Shape({"method": "fedbuff"}, "fedbuff.server_lr", FEDBUFF_MEAN_STEP),
+    "uniform": Shape({"method": "fedbuff", "fedbuff.weighting": "uniform", "fedbuff.step": "unit"},
+                     "fedbuff.server_lr", 1.0),
+    "fedpsa": Shape({"method": "fedpsa"}, "fedpsa.server_lr", 1.0),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,5 +220,5 @@ def grid_labels(shape: str, steps: Sequence[float]) -> list[str]:
   return [f"{shape}_x{e:g}".replace(".", "p") for e in steps]
 
 
-__all__ = ["Choice", "SELECTION_KEY", "SelectionPending", "choices", "flush_sums", "grid_labels",
+__all__ = ["Choice", "FEDBUFF_MEAN_STEP", "SELECTION_KEY", "SHAPES", "SelectionPending", "Shape", "choices", "flush_sums", "grid_labels",
            "mean_flush_sum", "scores", "selected_steps", "selection_arms", "tuning_markdown", "write"]

@@ -32,7 +32,7 @@ def _tail_curve(final: float) -> list[dict]:
   return [{"day": float(d), "test_accuracy": float(a)} for d, a in zip(days, acc)]
 
 
-def _factorial(tmp_path, effect, seeds=range(5)):
+def _factorial(tmp_path, effect, seeds=range(5), **analysis):
   base = config_lib.base_config()
   base.sim.virtual_days = HORIZON
   arms = ("method", [(a, {"method": "fedbuff" if a != "fedpsa" else "fedpsa"}) for a in ARMS])
@@ -40,7 +40,7 @@ def _factorial(tmp_path, effect, seeds=range(5)):
                               {"rows": ["method"], "cols": ["alpha"]})
   config.analysis = {"unit": "seed", "axis": "method", "blocks": ["alpha"], "primary": "tail_test_accuracy",
                      "tail_fraction": 0.1, "secondary": ["final_test_accuracy"], "scale": 100.0,
-                     "contrasts": CONTRASTS}
+                     "contrasts": CONTRASTS, **analysis}
   members = sweep.expand(config)
   workdir = str(tmp_path / "fact")
   sweep.write_sweep_json(config, members, workdir)
@@ -125,3 +125,32 @@ def test_a_sweep_without_a_complete_seed_says_so(tmp_path):
   assert (table[missing]["verdict"] == "no complete seed yet").all()
   assert (table[~missing]["seeds"] == 2).all()
   assert "| psa − buff | - | 0 | n/a | n/a | no complete seed yet |" in contrasts.contrasts_markdown(table, sweep_json, "# t\n")
+
+
+def test_the_gain_over_the_last_40_percent_by_hand(tmp_path):
+  # _tail_curve rises linearly to `final` at the horizon: the last 10% (days 0.225-0.25) average 0.95 final plus the
+  # two off-trend points' (0.02 - 0.01) / 6; the 10% before the last 40% (days 0.125-0.15, six evaluations) 0.55 final.
+  records = _tail_curve(0.9)
+  assert contrasts.window_accuracy(records, HORIZON, 0.5, 0.6) == pytest.approx(0.55 * 0.9, rel=1e-12)
+  assert contrasts.gain(records, HORIZON, 0.1, 0.4) == pytest.approx(0.4 * 0.9 + 0.01 / 6, rel=1e-12)
+  finals = lambda a, al, s: 0.5 + 0.01 * s + (0.1 if a == "fedpsa" and al == 0.1 else 0.0)
+  workdir, _ = _factorial(tmp_path, finals, gain_fraction=0.4)
+  written = report.build(workdir)
+  sweep_json, frame = report.load_members(workdir)
+  table = contrasts.gain_frame(frame, sweep_json).set_index(["arm", "block"])
+  assert len(table) == len(ARMS) * 3  # each α, and both at once
+  for arm in ARMS:
+    for block, alphas in (("0.1", (0.1,)), ("1.0", (1.0,)), ("all", (0.1, 1.0))):
+      per_seed = [100 * np.mean([0.4 * finals(arm, al, s) + 0.01 / 6 for al in alphas]) for s in range(5)]
+      r = table.loc[(arm, block)]
+      assert r.gain == pytest.approx(np.mean(per_seed), rel=1e-9) and r.seeds == 5
+      assert r.ci95_half_width == pytest.approx(scipy.stats.t.ppf(0.975, 4) * scipy.stats.sem(per_seed), rel=1e-9)
+  md = os.path.join(workdir, "report", "gain.md")
+  assert md in written and os.path.join(workdir, "report", "gain.csv") in written
+  # 40 × (0.6 + 0.01 s) + 1/6 over s = 0..4: mean 24.97; SD 0.63, so ± 2.776 × 0.63 / √5 = 0.79
+  assert "| fedpsa | 0.1 | +24.97 ± 0.79 | 5 |" in open(md).read()
+
+
+def test_no_gain_table_unless_the_analysis_declares_its_fraction(tmp_path):
+  workdir, _ = _factorial(tmp_path, lambda a, al, s: 0.5)
+  assert not any(path.endswith(("gain.md", "gain.csv")) for path in report.build(workdir))

@@ -132,7 +132,7 @@ def test_the_config_declares_disjoint_seeds_and_the_grid_it_runs():
   for label, shape, e in tuning.selection_arms({"analysis": c.analysis.to_dict()}):
     run = by_arm[label]
     eta = run.fedpsa.server_lr if shape == "fedpsa" else run.fedbuff.server_lr
-    mean_sum = module.FEDBUFF_MEAN_STEP if shape == "fedbuff" else 1.0
+    mean_sum = tuning.FEDBUFF_MEAN_STEP if shape == "fedbuff" else 1.0
     assert eta * mean_sum == pytest.approx(e, rel=1e-4), label  # effective step = η × mean Σw
     assert run.method == ("fedpsa" if shape == "fedpsa" else "fedbuff")
     if shape == "uniform":
@@ -144,7 +144,7 @@ def test_the_config_declares_disjoint_seeds_and_the_grid_it_runs():
 def test_fedbuffs_mean_step_is_measured_on_the_shape_step_records():
   runs = sorted(glob.glob(os.path.join(ROOT, "results", "shape_step", "runs", "method=fedbuff,*")))
   assert len(runs) == 16
-  assert round(tuning.mean_flush_sum(runs), 4) == _config_module().FEDBUFF_MEAN_STEP
+  assert round(tuning.mean_flush_sum(runs), 4) == tuning.FEDBUFF_MEAN_STEP
   # By hand for one run, from the staleness of the updates each flush took (the update events before its round
   # event): each flush's Σw is (1/B) Σ (1 + τ_i)^(-1/2), FedBuff's step.
   taus, by_hand = [], []

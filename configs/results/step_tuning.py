@@ -52,17 +52,10 @@ EVAL_EVERY_DAYS = 0.005  # shape_step's: 51 evaluations in 0.25 day, six in its 
 GRID = (1.0, 1.5, 2.25)  # effective steps e = η × mean Σw
 LADDER = 1.5  # the factor between neighbouring rungs
 MAX_EXTENSIONS = 2  # rungs a shape may grow past the grid on either side
-FEDBUFF_MEAN_STEP = 0.6556  # FedBuff's mean Σw per flush on this job (module docstring; tests/test_tuning.py)
 # Rungs added by the rule above, {shape: (e, ...)}, each in a commit that cites the tuning report that asked for it.
 EXTENSIONS: dict[str, tuple[float, ...]] = {}
-
-# shape -> (fields of the method as it is, the η that gives effective step e, printed name)
-SHAPES = {
-    "fedbuff": ({"method": "fedbuff"}, "fedbuff.server_lr", lambda e: round(e / FEDBUFF_MEAN_STEP, 4), "FedBuff"),
-    "uniform": ({"method": "fedbuff", "fedbuff.weighting": "uniform", "fedbuff.step": "unit"}, "fedbuff.server_lr",
-                lambda e: e, "Uniform, Σw = 1"),
-    "fedpsa": ({"method": "fedpsa"}, "fedpsa.server_lr", lambda e: e, "FedPSA"),
-}
+# shape (`fedpsa_lab.tuning.SHAPES`: its fields and the η of effective step e, the table above) -> printed name
+NAMES = {"fedbuff": "FedBuff", "uniform": "Uniform, Σw = 1", "fedpsa": "FedPSA"}
 
 
 def steps(shape: str) -> list[float]:
@@ -73,9 +66,9 @@ def steps(shape: str) -> list[float]:
 def arms() -> list[tuple[str, str, float, dict, str]]:
   """(label, shape, e, fields, printed name) of every arm."""
   out = []
-  for shape, (fields, eta_field, eta, name) in SHAPES.items():
+  for shape, name in NAMES.items():
     for label, e in zip(tuning.grid_labels(shape, steps(shape)), steps(shape)):
-      out.append((label, shape, e, {**fields, eta_field: eta(e)}, f"{name}, step {e:g}"))
+      out.append((label, shape, e, tuning.SHAPES[shape].fields_at(e), f"{name}, step {e:g}"))
   return out
 
 

@@ -21,7 +21,8 @@ The analysis plan (`analysis`), declared here before any member of either design
   computed within a seed, α averaged first, then a one-sample t-test over the seeds;
 - primary endpoint: the mean test accuracy over the evaluations in the last 10% of the run (shape_step's);
   secondary: the final evaluation and AULC per day; and, reported beside them, each arm's gain over the last 40%
-  of its run (how far from a plateau the endpoint was taken);
+  of its run (how far from a plateau the endpoint was taken): the primary endpoint minus the mean accuracy over
+  the 10% of the run that ends where the last 40% begins (`fedpsa_lab.contrasts.gain`, report/gain.md);
 - one family, Holm-adjusted together:
   1. FedPSA(tuned) − FedBuff(tuned): does FedPSA beat a FedBuff given the same chance to tune? (It is also κ −
      the staleness discount, both tuned: FedBuff's discount is its shape.)
@@ -57,18 +58,12 @@ HORIZON_SEEDS = SEEDS[:5]
 ALPHAS = (0.1, 1.0)
 EVAL_EVERY_DAYS = 0.005  # shape_step's: six evaluations in the last 10%
 HORIZON_DAYS = 1.0
-FEDBUFF_MEAN_STEP = 0.6556  # configs/results/step_tuning.py's (FedBuff's mean Σw per flush on this job)
 # Where the tuning records live, relative to this file: the repository's results/step_tuning.
 TUNING_RECORDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "results", "step_tuning")
 
-# shape -> (label, fields of the method as it is, η field, the η of effective step e, printed name)
-TUNED = {
-    "fedbuff": ("fedbuff_tuned", {"method": "fedbuff"}, "fedbuff.server_lr", lambda e: round(e / FEDBUFF_MEAN_STEP, 4),
-                "FedBuff, tuned"),
-    "uniform": ("uniform_tuned", {"method": "fedbuff", "fedbuff.weighting": "uniform", "fedbuff.step": "unit"},
-                "fedbuff.server_lr", lambda e: e, "Uniform, tuned"),
-    "fedpsa": ("fedpsa_tuned", {"method": "fedpsa"}, "fedpsa.server_lr", lambda e: e, "FedPSA, tuned"),
-}
+# shape (`fedpsa_lab.tuning.SHAPES`: its fields and the η of effective step e, the table above) -> (label, printed name)
+TUNED = {"fedbuff": ("fedbuff_tuned", "FedBuff, tuned"), "uniform": ("uniform_tuned", "Uniform, tuned"),
+         "fedpsa": ("fedpsa_tuned", "FedPSA, tuned")}
 PAPER_FEDBUFF = ("fedbuff", {"method": "fedbuff"}, "FedBuff (η = 1)")
 
 CONTRASTS = [
@@ -82,9 +77,10 @@ CONTRASTS = [
 def tuned_arms(selected: dict[str, tuple[float, bool]]) -> tuple:
   """(label, fields, printed name) of each tuned arm at its selected effective step."""
   arms = []
-  for shape, (label, fields, eta_field, eta, name) in TUNED.items():
+  for shape, (label, name) in TUNED.items():
     step, at_edge = selected[shape]
-    arms.append((label, {**fields, eta_field: eta(step)}, f"{name} (step {step:g}{', at the grid edge' if at_edge else ''})"))
+    edge = ", at the grid edge" if at_edge else ""
+    arms.append((label, tuning.SHAPES[shape].fields_at(step), f"{name} (step {step:g}{edge})"))
   return tuple(arms)
 
 
