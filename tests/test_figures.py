@@ -37,11 +37,11 @@ def _accuracy(arm: str, alpha: float, seed: int, day: float) -> float:
   return 0.1 + 6 * day + 0.02 * list(ARMS).index(arm) * (1 + seed) + 0.05 * alpha + 0.03 * seed
 
 
-@pytest.fixture
-def shape_step(tmp_path) -> str:
+@pytest.fixture(scope="module")
+def shape_step(tmp_path_factory) -> str:
   """A sweep directory of configs/results/shape_step.py with 2 seeds, its members' records made up (no training)."""
   config = config_lib.load_file(os.path.join(ROOT, "configs", "results", "shape_step.py") + ":seeds=2")
-  workdir = str(tmp_path / "shape_step")
+  workdir = str(tmp_path_factory.mktemp("figures") / "shape_step")
   for m, run_dir in fake_members(config, workdir):
     curve = [_accuracy(m.labels["method"], m.labels["alpha"], m.labels["seed"], d) for d in DAYS]
     io.write_json_atomic(os.path.join(run_dir, "summary.json"), {
@@ -50,6 +50,23 @@ def shape_step(tmp_path) -> str:
       f.writelines(json.dumps({"day": d, "test_accuracy": a, "bytes_uploaded": int(d * 2**30)}) + "\n"
                    for d, a in zip(DAYS, curve))
   return workdir
+
+
+@pytest.fixture(scope="module")
+def built(shape_step) -> dict:
+  """shape_step's report built once for the tests below (a build takes seconds): the files written and their
+  bytes, every figure as drawn ({file name: Figure}, left open), and every band ((Axes, low, high))."""
+  figures, bands = {}, []
+  save, fill_between = report_lib.save_figure, matplotlib.axes.Axes.fill_between
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(report_lib, "save_figure",
+                  lambda fig, path: figures.update({os.path.basename(path): fig}) or save(fig, path))
+    patch.setattr(matplotlib.axes.Axes, "fill_between",
+                  lambda self, x, low, high, **kw: bands.append((self, np.asarray(low), np.asarray(high)))
+                  or fill_between(self, x, low, high, **kw))
+    written = report.build(shape_step)
+  data = {p: open(p, "rb").read() for p in written if p.endswith((".png", ".pdf"))}
+  return {"written": written, "bytes": data, "drawn": figures, "bands": bands}
 
 
 @pytest.fixture
@@ -74,8 +91,8 @@ def _legend(fig) -> list[str]:
 
 
 @pytest.mark.slow
-def test_every_figure_of_a_sweep_reads_without_the_code(shape_step, drawn):
-  report.build(shape_step)
+def test_every_figure_of_a_sweep_reads_without_the_code(built):
+  drawn = built["drawn"]
   assert set(drawn) == {"curves.png", "curves_paired.png", "accuracy_vs_upload.png", "paired.png"}
   for name, fig in drawn.items():
     fig.canvas.draw()  # (lays the figure out: the legend's place is known after)
@@ -109,13 +126,8 @@ def test_every_figure_of_a_sweep_reads_without_the_code(shape_step, drawn):
 
 
 @pytest.mark.slow
-def test_paired_curves_are_differences_within_each_seed_with_a_band_over_seeds(shape_step, drawn, monkeypatch):
-  bands = []
-  fill_between = matplotlib.axes.Axes.fill_between
-  monkeypatch.setattr(matplotlib.axes.Axes, "fill_between",
-                      lambda self, x, low, high, **kw: bands.append((self, np.asarray(low), np.asarray(high)))
-                      or fill_between(self, x, low, high, **kw))
-  report.build(shape_step)
+def test_paired_curves_are_differences_within_each_seed_with_a_band_over_seeds(built):
+  drawn, bands = built["drawn"], built["bands"]
   fig = drawn["curves_paired.png"]
   assert [ax.get_title() for ax in fig.axes] == ["α=0.1", "α=1.0"]  # α as panels
   line = next(line for line in fig.axes[0].lines if line.get_label() == "FedPSA")
@@ -131,14 +143,12 @@ def test_paired_curves_are_differences_within_each_seed_with_a_band_over_seeds(s
 
 
 @pytest.mark.slow
-def test_figures_are_png_and_pdf_and_redraw_byte_for_byte(shape_step):
-  written = report.build(shape_step)
-  pngs = [p for p in written if p.endswith(".png")]
-  assert pngs and all(os.path.splitext(p)[0] + ".pdf" in written for p in pngs)
-  first = {p: open(p, "rb").read() for p in written if p.endswith((".png", ".pdf"))}
-  assert all(open(p, "rb").read(4) == b"%PDF" for p in first if p.endswith(".pdf"))
+def test_figures_are_png_and_pdf_and_redraw_byte_for_byte(shape_step, built):
+  pngs = [p for p in built["written"] if p.endswith(".png")]
+  assert pngs and all(os.path.splitext(p)[0] + ".pdf" in built["written"] for p in pngs)
+  assert all(data[:4] == b"%PDF" for p, data in built["bytes"].items() if p.endswith(".pdf"))
   report.build(shape_step)
-  assert all(open(p, "rb").read() == data for p, data in first.items())  # no date, no version in the bytes
+  assert all(open(p, "rb").read() == data for p, data in built["bytes"].items())  # no date, no version in the bytes
 
 
 def test_accuracy_vs_upload_of_runs_outside_a_sweep_is_one_line_per_method(tmp_path, drawn):
