@@ -14,7 +14,9 @@ one line on stderr and its exit code (`fedpsa_jax.cli`), without a traceback:
 
 from __future__ import annotations
 
+import contextlib
 import errno as errno_lib
+import logging
 import os
 import signal
 from typing import Iterator
@@ -129,3 +131,17 @@ def is_disk_full(err: BaseException) -> bool:
     if "No space left on device" in str(e) or "Disk quota exceeded" in str(e):
       return True  # (tensorstore, under orbax, reports the OS error as text)
   return False
+
+
+@contextlib.contextmanager
+def absl_warnings_held() -> Iterator[None]:
+  """absl's log lines below ERROR kept off the console while a library runs that logs what went wrong
+  (ml_collections' "get_config returned None", tfds' "Split train has no examples"): the tool says it in one line
+  of its own, and the library's lines would come before that line."""
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    absl_logger.setLevel(level)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import difflib
-import logging
 import os
 import sys
 import traceback
@@ -18,6 +17,7 @@ from typing import Any, Iterator, Mapping
 import ml_collections
 from ml_collections.config_flags import config_flags  # (its ConfigFileFlagParser: what --config uses)
 
+from fedpsa_jax import errors
 from fedpsa_jax.errors import ConfigError
 from fedpsa_jax.validation import Validator, boolean, integer, number
 
@@ -84,15 +84,9 @@ def load_file(spec: str) -> ml_collections.ConfigDict:
 def quiet_loader() -> Iterator[None]:
   """While a config file loads: without ml_collections' loader deprecation (under Python 3.11) and its absl log
   lines (a get_config that returns None is also logged as a warning), which the one-line error says better."""
-  absl_logger = logging.getLogger("absl")
-  level = absl_logger.level
-  absl_logger.setLevel(logging.ERROR)
-  try:
-    with warnings.catch_warnings():
-      warnings.filterwarnings("ignore", "the load_module", DeprecationWarning)
-      yield
-  finally:
-    absl_logger.setLevel(level)
+  with errors.absl_warnings_held(), warnings.catch_warnings():
+    warnings.filterwarnings("ignore", "the load_module", DeprecationWarning)
+    yield
 
 
 def exited_in(err: SystemExit, path: str) -> bool:

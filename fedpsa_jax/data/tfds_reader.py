@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import io
 import json
-import logging
 import math
 import os
 import sys
@@ -30,6 +29,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from fedpsa_jax.data import cache, limits
+from fedpsa_jax import errors
 from fedpsa_jax.errors import DataError
 
 IMAGE_FEATURE = "Image"  # the last component of the spec's pythonClassName
@@ -219,21 +219,8 @@ def read_split(name: str, split: str, data_dir: str | None, folder: str | None,
 
   `folder` is the dataset's version folder (its `layout` already read), or None for tfds to find `name` under
   `data_dir` (the layout is then read from what tfds opened)."""
-  with _quiet_tfds():
+  with errors.absl_warnings_held():  # (tfds' warnings: what goes wrong is one DataError line)
     return _read_split(name, split, data_dir, folder, layout)
-
-
-@contextlib.contextmanager
-def _quiet_tfds() -> Iterator[None]:
-  """tfds' own log lines (absl warnings: "Split train has no examples", "OpenCV is not installed") kept off the
-  console while it reads: what goes wrong is said in one DataError line, and the rest is not for the user."""
-  absl_logger = logging.getLogger("absl")
-  level = absl_logger.level
-  absl_logger.setLevel(logging.ERROR)
-  try:
-    yield
-  finally:
-    absl_logger.setLevel(level)
 
 
 def _read_split(name: str, split: str, data_dir: str | None, folder: str | None,
