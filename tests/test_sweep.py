@@ -1,4 +1,4 @@
-"""Sweeps (fedpsa_jax/sweep.py): the lock that keeps a second sweep off a busy sweep directory, the bounds on
+"""Sweeps (fedpsa_jax/sweep/): the lock that keeps a second sweep off a busy sweep directory, the bounds on
 seeds and members, sweep.json's contract, a full disk that stops a sweep, the records (--records) kept and
 restored, and the seed-by-seed order of both executors (the whole sweeps run in tests/e2e/test_sweep_runs.py).
 """
@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import errors, sweep
+from fedpsa_jax import errors, io, sweep
+from fedpsa_jax.sweep import ray_executor
 from helpers import _tiny_sweep, ROOT
 
 
@@ -34,7 +35,7 @@ def test_a_second_sweep_on_a_busy_sweep_directory_is_refused(tmp_path, monkeypat
       claims.append("refused")
     return {"status": "completed", "sweep_action": "ran"}
 
-  monkeypatch.setattr(sweep, "run_member", member)
+  monkeypatch.setattr(sweep.members, "run_member", member)
   with sweep.locked(workdir, "first"):
     with pytest.raises(config_lib.ConfigError) as err:
       sweep.run_local(_tiny_sweep(), workdir, log=lambda _: None)
@@ -57,7 +58,7 @@ def test_seeds_and_members_are_bounded_before_anything_is_expanded(monkeypatch):
                      r"\[1, 1000\]>"):
     table1.get_config(f"smoke,seeds={10**9}")
   expanded = []
-  monkeypatch.setattr(sweep.copy, "deepcopy", lambda x: expanded.append(x) or x)
+  monkeypatch.setattr(sweep.grid.copy, "deepcopy", lambda x: expanded.append(x) or x)
   grid = table1.get_config("smoke,seeds=1000")  # 42 combinations (3 excluded) x 1,000 seeds
   with pytest.raises(config_lib.ConfigError, match=r"^sweep 'table1-smoke' has 42,000 members \(1000 seeds\); "
                      r"allowed: at most 10,000"):
@@ -91,12 +92,12 @@ def test_a_full_disk_stops_the_sweep_instead_of_failing_every_member(tmp_path, m
     ran.append(os.path.basename(run_dir))
     raise errors.OutputWriteError(errno.ENOSPC, "No space left on device", os.path.join(run_dir, "metrics.jsonl"))
 
-  monkeypatch.setattr(sweep, "run_member", member)
+  monkeypatch.setattr(sweep.members, "run_member", member)
   with pytest.raises(errors.OutputWriteError) as err:
     sweep.run_local(_tiny_sweep(), str(tmp_path / "sweep"), log=lambda _: None)
   assert len(ran) == 1 and err.value.filename.endswith(os.path.join(ran[0], "metrics.jsonl"))
   full = OSError(errno.ENOSPC, "No space left on device")
-  monkeypatch.setattr(sweep.io, "write_json_atomic", lambda *args: (_ for _ in ()).throw(full))
+  monkeypatch.setattr(io, "write_json_atomic", lambda *args: (_ for _ in ()).throw(full))
   with pytest.raises(errors.OutputWriteError, match=r"cannot write .*sweep.json: No space left on device \(ENOSPC\)"):
     sweep.write_sweep_json(_tiny_sweep(), [], str(tmp_path / "other"))
 
@@ -113,8 +114,6 @@ class _FakeSimulation:
     self.config, self.run_dir = config, run_dir
 
   def run(self):
-    from fedpsa_jax import io
-
     type(self).ran.append(self.config.method)
     os.makedirs(os.path.join(self.run_dir, "checkpoints", "7"), exist_ok=True)
     (open(os.path.join(self.run_dir, "checkpoints", "7", "arrays"), "w")).write("big")
@@ -282,8 +281,8 @@ class _Ref:
 
 
 class _FakeRay:
-  """The part of the `ray` module `sweep._run_ray_members` uses: tasks run at once, in submission order, in this
-  process, their environment undone after each; `options` holds what each task asked Ray for, `seen` the
+  """The part of the `ray` module `ray_executor._run_ray_members` uses: tasks run at once, in submission order, in
+  this process, their environment undone after each; `options` holds what each task asked Ray for, `seen` the
   environment (`_TASK_ENV`) each member ran with."""
 
   def __init__(self, gpus=0):
@@ -331,7 +330,7 @@ def test_the_ray_executor_submits_seed_by_seed_and_keeps_records(tmp_path, fake_
   config = _tiny_sweep(("fedbuff", "fedpsa"))
   config.seeds = [0, 1]
   ray, records = _FakeRay(), str(tmp_path / "records")
-  results = sweep._run_ray_members(ray, config, sweep.expand(config), str(tmp_path / "sweep"), None,
+  results = ray_executor._run_ray_members(ray, config, sweep.expand(config), str(tmp_path / "sweep"), None,
                                    sweep.RayResources(), lambda _: None, None, records)
   assert ray.submitted == ["method=fedbuff,seed=0", "method=fedpsa,seed=0", "method=fedbuff,seed=1",
                            "method=fedpsa,seed=1"]
@@ -354,7 +353,7 @@ def test_each_member_asks_ray_for_its_share_in_a_process_of_its_own(tmp_path, fa
   monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")  # (a user's cap under the old name)
   ray = _FakeRay(gpus=cluster_gpus)
   config = _tiny_sweep(("fedbuff", "fedpsa"))
-  results = sweep._run_ray_members(ray, config, sweep.expand(config), str(tmp_path / "sweep"), None,
+  results = ray_executor._run_ray_members(ray, config, sweep.expand(config), str(tmp_path / "sweep"), None,
                                    sweep.RayResources(cpus=2, gpus=asked), lambda _: None, None, None)
   assert [r["status"] for r in results.values()] == ["completed", "completed"]
   assert ray.options == [{"num_cpus": 2, "num_gpus": share, "max_calls": 1, "max_retries": sweep.MEMBER_RETRIES}] * 2
@@ -371,7 +370,7 @@ def test_each_member_asks_ray_for_its_share_in_a_process_of_its_own(tmp_path, fa
 def test_a_host_device_count_already_in_xla_flags_wins(tmp_path, fake_runs, monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=3")
   ray = _FakeRay()
-  sweep._run_ray_members(ray, _tiny_sweep(("fedbuff",)), sweep.expand(_tiny_sweep(("fedbuff",))),
+  ray_executor._run_ray_members(ray, _tiny_sweep(("fedbuff",)), sweep.expand(_tiny_sweep(("fedbuff",))),
                          str(tmp_path / "sweep"), None, sweep.RayResources(cpus=2), lambda _: None, None, None)
   assert ray.seen[0]["XLA_FLAGS"] == "--xla_force_host_platform_device_count=3"
 
@@ -406,9 +405,9 @@ def test_the_ray_executor_shares_the_member_loop_failures_and_a_full_disk(tmp_pa
       raise ValueError("broken member")
     return {"status": "completed", "sweep_action": "ran"}
 
-  monkeypatch.setattr(sweep, "run_member", member)
+  monkeypatch.setattr(sweep.members, "run_member", member)
   ray, logged = _FakeRay(), []
-  results = sweep._run_ray_members(ray, _tiny_sweep(), sweep.expand(_tiny_sweep()), str(tmp_path / "sweep"), None,
+  results = ray_executor._run_ray_members(ray, _tiny_sweep(), sweep.expand(_tiny_sweep()), str(tmp_path / "sweep"), None,
                                    sweep.RayResources(), logged.append, None, None)
   assert [r["sweep_action"] for r in results.values()] == ["ran", "failed", "ran"]
   assert results["method=fedasync,seed=0"]["error"] == "ValueError: broken member" and ray.cancelled == []
@@ -418,10 +417,10 @@ def test_the_ray_executor_shares_the_member_loop_failures_and_a_full_disk(tmp_pa
   def full(config_json, run_dir, compilation_cache=None):
     raise errors.OutputWriteError(errno.ENOSPC, "No space left on device", os.path.join(run_dir, "metrics.jsonl"))
 
-  monkeypatch.setattr(sweep, "run_member", full)
+  monkeypatch.setattr(sweep.members, "run_member", full)
   ray = _FakeRay()
   with pytest.raises(errors.OutputWriteError):
-    sweep._run_ray_members(ray, _tiny_sweep(), sweep.expand(_tiny_sweep()), str(tmp_path / "other"), None,
+    ray_executor._run_ray_members(ray, _tiny_sweep(), sweep.expand(_tiny_sweep()), str(tmp_path / "other"), None,
                            sweep.RayResources(), lambda _: None, None, None)
   assert len(ray.cancelled) == 3  # (every task: cancelling a finished one does nothing)
 
@@ -431,10 +430,10 @@ def test_a_finished_member_is_skipped_without_starting_jax(tmp_path):
   member = sweep.expand(_tiny_sweep(("fedbuff",)))[0]
   run_dir = str(tmp_path / "run")
   os.makedirs(run_dir)
-  config_json = sweep.io.config_json(member.config)
-  sweep.io.write_json_atomic(os.path.join(run_dir, "config.json"), config_json)
-  sweep.io.write_json_atomic(os.path.join(run_dir, "summary.json"), {"status": "completed"})
-  sweep.io.write_json_atomic(str(tmp_path / "member.json"), config_json)
+  config_json = io.config_json(member.config)
+  io.write_json_atomic(os.path.join(run_dir, "config.json"), config_json)
+  io.write_json_atomic(os.path.join(run_dir, "summary.json"), {"status": "completed"})
+  io.write_json_atomic(str(tmp_path / "member.json"), config_json)
   code = ("import json, sys; from fedpsa_jax import sweep; "
           f"r = sweep.run_member(json.load(open({str(tmp_path / 'member.json')!r})), {run_dir!r}); "
           "print(r['sweep_action'], 'jax' in sys.modules)")
