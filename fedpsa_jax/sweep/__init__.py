@@ -6,7 +6,8 @@
   skips a member already done, `is_done`);
 - `records`: the finished members' records kept in a directory of their own (`--records`);
 - `loop`: the member loop both executors share (`collect`) and the local executor (`run_local`);
-- `ray_executor`: each member a Ray task (`run_ray`, `RayResources`).
+- `ray_executor`: each member a Ray task (`run_ray`, `RayResources`), with `ray_logs` sending Ray's own output to
+  SWEEP_DIR/ray.log.
 
 `run` runs a sweep with the executor named. Expanding a sweep imports no JAX by itself; validating its members
 loads the strategies (which do), running one loads the simulator.
@@ -25,8 +26,9 @@ from fedpsa_jax.sweep.loop import Completion, check_dirs, collect, run_local
 from fedpsa_jax.sweep.members import (LOCK_FILE, RUNS_DIR, SWEEP_FILE, SWEEP_WRITES, is_done, locked, member_dir,
                                       read_sweep_json, run_member, write_sweep_json)
 from fedpsa_jax.sweep.ray_executor import (DEFAULT_GPU_SHARE, DEPRECATED_MEMORY_FRACTION, GPU_MEMORY_OF_SHARE,
-                                           MEMBER_RETRIES, MEMORY_FRACTION, RayResources, apply_member_env, member_env,
-                                           run_ray, run_remote_member)
+                                           MEMBER_RETRIES, MEMORY_FRACTION, RAY_LOG, STOP_SECONDS, MemberLost,
+                                           RayResources, apply_member_env, member_env, run_ray, run_remote_member,
+                                           unplaceable)
 from fedpsa_jax.sweep.records import (COMPRESSED_FILES, FINISHED, RECORD_FILES, RECORDS_WRITES, check_records_dir,
                                       compress_records, restore_records, save_record)
 
@@ -34,11 +36,12 @@ EXECUTORS = ("local", "ray")
 
 __all__ = ["Axis", "COMPRESSED_FILES", "Completion", "DEFAULT_GPU_SHARE", "DEPRECATED_MEMORY_FRACTION", "EXECUTORS",
            "FINISHED", "GPU_MEMORY_OF_SHARE", "LOCK_FILE", "MAX_MEMBERS", "MAX_SEEDS", "MEMBER_RETRIES",
-           "MEMORY_FRACTION", "Member", "RECORDS_WRITES", "RECORD_FILES", "RUNS_DIR", "RayResources", "SWEEP_FILE",
+           "MEMORY_FRACTION", "Member", "MemberLost", "RAY_LOG", "RECORDS_WRITES", "RECORD_FILES", "RUNS_DIR",
+           "RayResources", "STOP_SECONDS", "SWEEP_FILE",
            "SWEEP_WRITES", "apply_member_env", "axis", "check_dirs", "check_records_dir", "collect",
            "compress_records", "expand", "is_done", "is_sweep_config", "locked", "member_dir", "member_env",
            "member_name", "read_sweep_json", "restore_records", "run", "run_local", "run_member", "run_order",
-           "run_ray", "run_remote_member", "save_record", "write_sweep_json"]
+           "run_ray", "run_remote_member", "save_record", "unplaceable", "write_sweep_json"]
 
 
 def run(sweep: ml_collections.ConfigDict, sweep_dir: str, executor: str = "local", address: str | None = None,
