@@ -12,7 +12,8 @@ restores the default handlers, under which one more signal would kill the proces
 exit with its code. `exit_while_starting()` covers the start (imports, flags, the config file), before
 anything is written: a signal then ends the process at once, in one line. `deferred_signals()` holds a signal back while
 something that must not be cut (a checkpoint write) finishes, then delivers it: a signal is never lost,
-and never lands half-way through a checkpoint.
+and never lands half-way through a checkpoint. `kept_handlers()` keeps these handlers through a library call
+that installs its own (`ray.init`).
 
 A module of its own, standard library only, because the simulator's recorder and runner use
 `deferred_signals`: they must not import the command line, which sits on top of them.
@@ -72,7 +73,8 @@ def stop_if_signalled() -> None:
   """Raises `errors.Interrupted` when `handle_signals`' handler (still installed) has received a signal and
   the caller goes on all the same: the signal landed where an exception would be swallowed (a `__del__`, a
   garbage-collection callback: not raised there), or in a weakref callback, whose exception Python prints and
-  drops. The simulator's loop calls it at each step, so such a stop still stops the run."""
+  drops. The simulator's loop calls it at each step, so such a stop still stops the run; the Ray executor calls it
+  where Ray turned the handler's exception into a bare KeyboardInterrupt, so the stop names its signal."""
   handler = signal.getsignal(signal.SIGTERM)  # (the process's handler: signals are process-wide state)
   if isinstance(handler, _FirstSignalStops) and handler.received is not None:
     raise errors.Interrupted(handler.received)
@@ -149,6 +151,24 @@ def deferred_signals(deliver: bool = True) -> Iterator[None]:
       signal.signal(signum, handler)
     if received and deliver:
       _deliver(received[0], previous[received[0]])
+
+
+@contextlib.contextmanager
+def kept_handlers() -> Iterator[None]:
+  """The SIGINT and SIGTERM handlers in place before the block are in place after it, at the C level too: a library
+  that installs its own inside it leaves none behind. `ray.init` does: a SIGTERM handler that exits the process at
+  once, without the run's clean stop, and under it the C++ core's crash handler, which prints a stack dump first
+  (main thread only; elsewhere the block simply runs)."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+  try:
+    yield
+  finally:
+    for signum, handler in previous.items():
+      if handler is not None:  # (None: a handler not set from Python, which Python cannot put back)
+        signal.signal(signum, handler)
 
 
 def _deliver(signum: int, handler: Any) -> None:

@@ -4,6 +4,7 @@ the strategies' unit tests (tests/strategies/)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -15,7 +16,7 @@ import ml_collections
 import numpy as np
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import sweep
+from fedpsa_jax import io, sweep
 from fedpsa_jax.models import TinyMLP
 from fedpsa_jax.strategies import Arrival
 from fedpsa_lab import paper
@@ -73,6 +74,13 @@ def fake_members(config: ml_collections.ConfigDict, workdir: str) -> list[tuple[
   for m in members:
     os.makedirs(sweep.member_dir(workdir, m))
   return [(m, sweep.member_dir(workdir, m)) for m in members]
+
+
+def process_of(run_dir: str) -> int | None:
+  """The pid of the process that holds (or last held) a run directory (`io.RunDir.lock`): a sweep member's worker."""
+  with contextlib.suppress(OSError, ValueError, IndexError):
+    return int(open(os.path.join(run_dir, io.LOCK_FILE)).read().split()[1])
+  return None
 
 
 # A sweep of three short members (one per method) on the embedded MNIST subset.

@@ -89,11 +89,13 @@ def test_a_claim_is_refused_while_held_naming_the_holder_and_free_once_released(
 
 @pytest.mark.slow
 def test_io_sweep_and_report_import_without_jax():
+  """What a config file, a report and a sweep's start import loads neither JAX nor the simulator, nor Ray (imported
+  only when a sweep runs on it)."""
   code = ("import sys\n"
-          "import fedpsa_jax.io, fedpsa_jax.sweep, fedpsa_lab.report, fedpsa_lab.paper, fedpsa_jax.config\n"
-          "import fedpsa_lab.figures.aifed, fedpsa_lab.figures.casa\n"
-          "bad = sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'fedpsa_jax.sim', "
-          "'fedpsa_jax.strategies', 'fedpsa_jax.models')))\n"
+          "import fedpsa_jax.io, fedpsa_jax.sweep.grid, fedpsa_jax.sweep, fedpsa_lab.report, fedpsa_lab.paper\n"
+          "import fedpsa_jax.config, fedpsa_lab.figures.aifed, fedpsa_lab.figures.casa\n"
+          "bad = sorted(m for m in sys.modules if m in ('jax', 'ray') or m.startswith(('jax.', 'ray.', "
+          "'fedpsa_jax.sim', 'fedpsa_jax.strategies', 'fedpsa_jax.models')))\n"
           "print(bad)\n")
   done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr

@@ -224,6 +224,22 @@ def test_no_module_uses_another_modules_private_names():
   assert uses == [], uses
 
 
+# What configs/ and the analysis import to write and read sweeps: the grid, which must not pull the simulator in.
+GRID_MAY_IMPORT = ("configuration", "foundations")
+
+
+def test_the_sweep_grid_imports_only_the_config_and_below():
+  """`fedpsa_jax.sweep.grid` (axis, expand: what a sweep config file calls) imports nothing above the configuration
+  layer, inside functions too, and nothing else of its own package: writing a sweep never builds a run
+  (tests/test_io.py checks that importing the package loads no JAX)."""
+  module = "fedpsa_jax.sweep.grid"
+  allowed = [index for index, (name, _, _) in enumerate(LAYERS) if name in GRID_MAY_IMPORT]
+  climbs = [f"{imported} (line {line})" for imported, line in _imports(_modules()[module], module)
+            if _layer(imported) not in allowed]
+  assert climbs == [], f"{module} imports " + ", ".join(climbs)
+  assert _imports(_modules()[module], module), "the checker found no import at all"
+
+
 def test_the_checker_resolves_imports_at_any_depth(tmp_path):
   """The checker itself: it resolves `from fedpsa_jax import x` and relative imports to the modules meant,
   and sees the imports inside functions."""

@@ -1,4 +1,4 @@
-"""How records are stored: metrics and events compressed (fedpsa_jax/io.py `compress_jsonl`, fedpsa_jax/sweep.py
+"""How records are stored: metrics and events compressed (fedpsa_jax/io.py `compress_jsonl`, fedpsa_jax/sweep/records.py
 `COMPRESSED_FILES`), losing nothing.
 
 The committed records under results/ were plain JSON-lines files until they were compressed; the SHA-256 of every one

@@ -1,21 +1,27 @@
-"""Sweeps (fedpsa_jax/sweep.py): the lock that keeps a second sweep off a busy sweep directory, the bounds on
+"""Sweeps (fedpsa_jax/sweep/): the lock that keeps a second sweep off a busy sweep directory, the bounds on
 seeds and members, sweep.json's contract, a full disk that stops a sweep, the records (--records) kept and
-restored, and the seed-by-seed order of both executors (the whole sweeps run in tests/e2e/test_sweep_runs.py).
+restored, the seed-by-seed order of both executors, and what the Ray executor promises (members no node can take
+refused, an interruption, Ray's own output in ray.log, a member Ray lost), against a stand-in for the `ray` module
+(the whole sweeps run in tests/e2e/test_sweep_runs.py, on a real Ray instance too).
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import lzma
 import os
+import signal
 import subprocess
 import sys
+import threading
+import types
 
 import pytest
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import errors, sweep
+from fedpsa_jax import errors, io, sweep
 from helpers import _tiny_sweep, ROOT
 
 
@@ -34,7 +40,7 @@ def test_a_second_sweep_on_a_busy_sweep_directory_is_refused(tmp_path, monkeypat
       claims.append("refused")
     return {"status": "completed", "sweep_action": "ran"}
 
-  monkeypatch.setattr(sweep, "run_member", member)
+  monkeypatch.setattr(sweep.members, "run_member", member)
   with sweep.locked(workdir, "first"):
     with pytest.raises(config_lib.ConfigError) as err:
       sweep.run_local(_tiny_sweep(), workdir, log=lambda _: None)
@@ -57,7 +63,7 @@ def test_seeds_and_members_are_bounded_before_anything_is_expanded(monkeypatch):
                      r"\[1, 1000\]>"):
     table1.get_config(f"smoke,seeds={10**9}")
   expanded = []
-  monkeypatch.setattr(sweep.copy, "deepcopy", lambda x: expanded.append(x) or x)
+  monkeypatch.setattr(sweep.grid.copy, "deepcopy", lambda x: expanded.append(x) or x)
   grid = table1.get_config("smoke,seeds=1000")  # 42 combinations (3 excluded) x 1,000 seeds
   with pytest.raises(config_lib.ConfigError, match=r"^sweep 'table1-smoke' has 42,000 members \(1000 seeds\); "
                      r"allowed: at most 10,000"):
@@ -91,12 +97,12 @@ def test_a_full_disk_stops_the_sweep_instead_of_failing_every_member(tmp_path, m
     ran.append(os.path.basename(run_dir))
     raise errors.OutputWriteError(errno.ENOSPC, "No space left on device", os.path.join(run_dir, "metrics.jsonl"))
 
-  monkeypatch.setattr(sweep, "run_member", member)
+  monkeypatch.setattr(sweep.members, "run_member", member)
   with pytest.raises(errors.OutputWriteError) as err:
     sweep.run_local(_tiny_sweep(), str(tmp_path / "sweep"), log=lambda _: None)
   assert len(ran) == 1 and err.value.filename.endswith(os.path.join(ran[0], "metrics.jsonl"))
   full = OSError(errno.ENOSPC, "No space left on device")
-  monkeypatch.setattr(sweep.io, "write_json_atomic", lambda *args: (_ for _ in ()).throw(full))
+  monkeypatch.setattr(io, "write_json_atomic", lambda *args: (_ for _ in ()).throw(full))
   with pytest.raises(errors.OutputWriteError, match=r"cannot write .*sweep.json: No space left on device \(ENOSPC\)"):
     sweep.write_sweep_json(_tiny_sweep(), [], str(tmp_path / "other"))
 
@@ -113,8 +119,6 @@ class _FakeSimulation:
     self.config, self.run_dir = config, run_dir
 
   def run(self):
-    from fedpsa_jax import io
-
     type(self).ran.append(self.config.method)
     os.makedirs(os.path.join(self.run_dir, "checkpoints", "7"), exist_ok=True)
     (open(os.path.join(self.run_dir, "checkpoints", "7", "arrays"), "w")).write("big")
@@ -281,19 +285,40 @@ class _Ref:
     self.value = value
 
 
-class _FakeRay:
-  """The part of the `ray` module `sweep._run_ray_members` uses: tasks run at once, in submission order, in this
-  process, their environment undone after each; `options` holds what each task asked Ray for, `seen` the
-  environment (`_TASK_ENV`) each member ran with."""
+class _RayError(Exception):
+  """Stands for `ray.exceptions.RayError`, what Ray raises when it lost a task's process or node."""
 
-  def __init__(self, gpus=0):
-    self.submitted, self.options, self.seen, self.gpus, self.cancelled = [], [], [], gpus, []
+
+class _RayTaskError(_RayError):
+  """Stands for `ray.exceptions.RayTaskError`: what a task raised, under the worker's traceback as text."""
+
+  def __init__(self, cause):
+    super().__init__(f"ray::run_remote_member() (pid=1, ip=10.0.0.1)\n  File \"x.py\", line 1\n{cause!r}")
+    self.cause = cause
+
+
+class _FakeRay:
+  """The part of the `ray` module `ray_executor.run_ray` uses: tasks run at once, in submission order, in this
+  process, their environment undone after each, and what a task raised wrapped as Ray wraps it (`lost`: the members
+  whose process Ray lost instead); `options` holds what each task asked Ray for, `seen` the environment
+  (`_TASK_ENV`) each member ran with. `nodes`: each node's CPUs and GPUs."""
+
+  exceptions = types.SimpleNamespace(RayError=_RayError, RayTaskError=_RayTaskError)
+
+  def __init__(self, gpus=0, nodes=None, lost=()):
+    self.submitted, self.options, self.seen, self.cancelled, self.lost = [], [], [], [], set(lost)
+    self.node_resources = nodes if nodes is not None else [{"CPU": 2.0, **({"GPU": float(gpus)} if gpus else {})}]
 
   def is_initialized(self):
     return True
 
+  def nodes(self):
+    dead = {"Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}}  # (a node gone: none of its resources count)
+    return [{"Alive": True, "Resources": r} for r in self.node_resources] + [dead]
+
   def cluster_resources(self):
-    return {"CPU": 2.0, **({"GPU": float(self.gpus)} if self.gpus else {})}
+    return {kind: sum(r.get(kind, 0.0) for r in self.node_resources) for kind in ("CPU", "GPU")
+            if any(kind in r for r in self.node_resources)}
 
   def remote(self, **options):
     def wrap(fn):
@@ -302,11 +327,14 @@ class _FakeRay:
         def remote(*args):
           self.submitted.append(os.path.basename(args[3]))
           self.options.append(options)
+          if self.submitted[-1] in self.lost:
+            return _Ref(_RayError("The worker died unexpectedly while executing this task. Check "
+                                  "python-core-worker-*.log files for more information.\nmore"))
           saved = dict(os.environ)  # (a task's process is its own: its environment must not leak into the suite)
           try:
             value = fn(*args)
-          except Exception as err:  # noqa: BLE001 — as Ray does: raised again by `get`
-            value = err
+          except Exception as err:  # noqa: BLE001 — as Ray does: raised again by `get`, wrapped
+            value = _RayTaskError(err)
           finally:
             self.seen.append({k: os.environ.get(k) for k in _TASK_ENV})
             os.environ.clear()
@@ -315,7 +343,7 @@ class _FakeRay:
       return Task
     return wrap
 
-  def wait(self, pending, num_returns):
+  def wait(self, pending, num_returns, timeout=None):
     return pending[:num_returns], pending[num_returns:]
 
   def get(self, ref):
@@ -323,16 +351,21 @@ class _FakeRay:
       raise ref.value
     return ref.value
 
-  def cancel(self, ref):
-    self.cancelled.append(ref)
+  def cancel(self, ref, force=False):
+    self.cancelled.append((ref, force))
 
 
-def test_the_ray_executor_submits_seed_by_seed_and_keeps_records(tmp_path, fake_runs):
+def _on_ray(ray, monkeypatch, config, workdir, resources=sweep.RayResources(), log=lambda _: None, records=None):
+  """`sweep.run_ray` with `ray` (a `_FakeRay`) as the `ray` module."""
+  monkeypatch.setitem(sys.modules, "ray", ray)
+  return sweep.run_ray(config, str(workdir), resources=resources, log=log, records_dir=records)
+
+
+def test_the_ray_executor_submits_seed_by_seed_and_keeps_records(tmp_path, fake_runs, monkeypatch):
   config = _tiny_sweep(("fedbuff", "fedpsa"))
   config.seeds = [0, 1]
   ray, records = _FakeRay(), str(tmp_path / "records")
-  results = sweep._run_ray_members(ray, config, sweep.expand(config), str(tmp_path / "sweep"), None,
-                                   sweep.RayResources(), lambda _: None, None, records)
+  results = _on_ray(ray, monkeypatch, config, tmp_path / "sweep", records=records)
   assert ray.submitted == ["method=fedbuff,seed=0", "method=fedpsa,seed=0", "method=fedbuff,seed=1",
                            "method=fedpsa,seed=1"]
   assert list(results) == ["method=fedbuff,seed=0", "method=fedbuff,seed=1", "method=fedpsa,seed=0",
@@ -354,8 +387,7 @@ def test_each_member_asks_ray_for_its_share_in_a_process_of_its_own(tmp_path, fa
   monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")  # (a user's cap under the old name)
   ray = _FakeRay(gpus=cluster_gpus)
   config = _tiny_sweep(("fedbuff", "fedpsa"))
-  results = sweep._run_ray_members(ray, config, sweep.expand(config), str(tmp_path / "sweep"), None,
-                                   sweep.RayResources(cpus=2, gpus=asked), lambda _: None, None, None)
+  results = _on_ray(ray, monkeypatch, config, tmp_path / "sweep", sweep.RayResources(cpus=2, gpus=asked))
   assert [r["status"] for r in results.values()] == ["completed", "completed"]
   assert ray.options == [{"num_cpus": 2, "num_gpus": share, "max_calls": 1, "max_retries": sweep.MEMBER_RETRIES}] * 2
   # (with a share, the old name goes: jaxlib refuses both names at once; without one, the user's cap stays)
@@ -371,8 +403,7 @@ def test_each_member_asks_ray_for_its_share_in_a_process_of_its_own(tmp_path, fa
 def test_a_host_device_count_already_in_xla_flags_wins(tmp_path, fake_runs, monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=3")
   ray = _FakeRay()
-  sweep._run_ray_members(ray, _tiny_sweep(("fedbuff",)), sweep.expand(_tiny_sweep(("fedbuff",))),
-                         str(tmp_path / "sweep"), None, sweep.RayResources(cpus=2), lambda _: None, None, None)
+  _on_ray(ray, monkeypatch, _tiny_sweep(("fedbuff",)), tmp_path / "sweep", sweep.RayResources(cpus=2))
   assert ray.seen[0]["XLA_FLAGS"] == "--xla_force_host_platform_device_count=3"
 
 
@@ -406,10 +437,9 @@ def test_the_ray_executor_shares_the_member_loop_failures_and_a_full_disk(tmp_pa
       raise ValueError("broken member")
     return {"status": "completed", "sweep_action": "ran"}
 
-  monkeypatch.setattr(sweep, "run_member", member)
+  monkeypatch.setattr(sweep.members, "run_member", member)
   ray, logged = _FakeRay(), []
-  results = sweep._run_ray_members(ray, _tiny_sweep(), sweep.expand(_tiny_sweep()), str(tmp_path / "sweep"), None,
-                                   sweep.RayResources(), logged.append, None, None)
+  results = _on_ray(ray, monkeypatch, _tiny_sweep(), tmp_path / "sweep", log=logged.append)
   assert [r["sweep_action"] for r in results.values()] == ["ran", "failed", "ran"]
   assert results["method=fedasync,seed=0"]["error"] == "ValueError: broken member" and ray.cancelled == []
   assert [line.split(":")[0] for line in logged[1:]] == ["[1/3] method=fedbuff,seed=0", "[2/3] method=fedasync,seed=0",
@@ -418,12 +448,161 @@ def test_the_ray_executor_shares_the_member_loop_failures_and_a_full_disk(tmp_pa
   def full(config_json, run_dir, compilation_cache=None):
     raise errors.OutputWriteError(errno.ENOSPC, "No space left on device", os.path.join(run_dir, "metrics.jsonl"))
 
-  monkeypatch.setattr(sweep, "run_member", full)
+  monkeypatch.setattr(sweep.members, "run_member", full)
   ray = _FakeRay()
   with pytest.raises(errors.OutputWriteError):
-    sweep._run_ray_members(ray, _tiny_sweep(), sweep.expand(_tiny_sweep()), str(tmp_path / "other"), None,
-                           sweep.RayResources(), lambda _: None, None, None)
-  assert len(ray.cancelled) == 3  # (every task: cancelling a finished one does nothing)
+    _on_ray(ray, monkeypatch, _tiny_sweep(), tmp_path / "other")
+  assert [force for _, force in ray.cancelled] == [False] * 3  # (every task: cancelling a finished one does nothing)
+
+
+def test_a_member_whose_process_ray_lost_every_time_fails_in_one_line_and_the_sweep_goes_on(tmp_path, fake_runs,
+                                                                                          monkeypatch):
+  """Ray gives up on a member after losing its process or node on every try: that member fails in one line naming
+  it and saying how to continue it; the members before and after it run."""
+  ray, logged = _FakeRay(lost={"method=fedasync,seed=0"}), []
+  results = _on_ray(ray, monkeypatch, _tiny_sweep(), tmp_path / "sweep", log=logged.append)
+  assert [r["sweep_action"] for r in results.values()] == ["ran", "failed", "ran"]
+  assert fake_runs.ran == ["fedbuff", "fedpsa"]
+  lost = [line for line in logged if "method=fedasync" in line]
+  assert lost == [lost[0]] and "\n" not in lost[0] and lost[0].startswith(
+      "[2/3] method=fedasync,seed=0: failed (MemberLost: Ray lost its process or node (_RayError: The worker died "
+      "unexpectedly while executing this task. Check python-core-worker-*.log files for more information.) and gave "
+      f"up after {sweep.MEMBER_RETRIES + 1} tries; rerun the same command to continue it from its last checkpoint")
+
+
+@pytest.mark.parametrize("resources, nodes, message", [
+    (sweep.RayResources(gpus=0.5), [{"CPU": 2.0}], "--ray_gpus_per_member=0.5 asks for 0.5 of a GPU for each member, "
+     "more than any node has (the Ray cluster has 2 CPU(s) and 0 GPU(s) on 1 node(s), at most 2 CPU(s) and 0 GPU(s) "
+     "on one); allowed: --ray_gpus_per_member=0 (no GPU), or a cluster with GPUs"),
+    (sweep.RayResources(cpus=3), [{"CPU": 2.0}], "--ray_cpus_per_member=3 asks for 3 CPU(s) for each member, more than "
+     "any node has (the Ray cluster has 2 CPU(s) and 0 GPU(s) on 1 node(s), at most 2 CPU(s) and 0 GPU(s) on one); "
+     "allowed: --ray_cpus_per_member=2 or fewer, or a cluster with larger nodes"),
+    (sweep.RayResources(cpus=2), [{"CPU": 1.0}, {"CPU": 1.0, "GPU": 1.0}], "--ray_cpus_per_member=2 asks for 2 CPU(s) "
+     "for each member, more than any node has (the Ray cluster has 2 CPU(s) and 1 GPU(s) on 2 node(s), at most 1 "
+     "CPU(s) and 1 GPU(s) on one)"),  # (the cluster's 2 CPUs, but no node's)
+])
+def test_members_no_node_can_take_are_refused_before_any_member_runs(tmp_path, fake_runs, monkeypatch, resources,
+                                                                     nodes, message):
+  """Ray would keep such members waiting for ever (a GPU share on a cluster without GPUs, more CPUs than a node
+  has): refused in one line naming the flag, what it asks and what the cluster has, before sweep.json or a member."""
+  ray = _FakeRay(nodes=nodes)
+  with pytest.raises(config_lib.ConfigError) as err:
+    _on_ray(ray, monkeypatch, _tiny_sweep(), tmp_path / "sweep", resources)
+  assert str(err.value).startswith(message) and "\n" not in str(err.value)
+  assert ray.submitted == [] and not os.path.exists(tmp_path / "sweep" / "sweep.json")
+  fits = sweep.RayResources(cpus=2, gpus=1.0)
+  assert sweep.unplaceable(fits, 1.0, {"CPU": 3.0, "GPU": 1.0}, [{"CPU": 1.0}, {"CPU": 2.0, "GPU": 1.0}]) is None
+
+
+class _InterruptedRay(_FakeRay):
+  """A `_FakeRay` whose first wait is cut by Ctrl-C (or SIGTERM under the command line), and whose members are
+  still running: `running` of them still are after the wait that gives them time to stop."""
+
+  def __init__(self, running):
+    super().__init__()
+    self.running, self.waits = running, []
+
+  def remote(self, **options):
+    return lambda fn: type("Task", (), {"remote": staticmethod(lambda *args: _Ref(None))})
+
+  def wait(self, pending, num_returns, timeout=None):
+    self.waits.append((len(pending), num_returns, timeout))
+    if len(self.waits) == 1:
+      raise KeyboardInterrupt
+    return pending[:len(pending) - self.running], pending[len(pending) - self.running:]
+
+
+@pytest.mark.parametrize("running", [0, 1])
+def test_an_interrupted_ray_sweep_stops_its_members_as_interrupted_runs(tmp_path, monkeypatch, running):
+  """Ctrl-C (or SIGTERM) while members run: every member is cancelled (a running one gets a KeyboardInterrupt and
+  stops as an interrupted run, resumable), the sweep waits STOP_SECONDS for them, kills those still running, and
+  stops with the interruption, which the command line turns into its one line and exit code."""
+  ray = _InterruptedRay(running)
+  with pytest.raises(KeyboardInterrupt):
+    _on_ray(ray, monkeypatch, _tiny_sweep(), tmp_path / "sweep")
+  assert ray.waits == [(3, 1, None), (3, 3, sweep.STOP_SECONDS)]
+  assert [force for _, force in ray.cancelled] == [False] * 3 + [True] * running
+
+
+def test_rays_own_output_goes_to_ray_log_and_the_console_keeps_the_sweeps_lines(tmp_path, fake_runs, monkeypatch,
+                                                                               capsys):
+  """What Ray's threads print (a worker's death, a retry) and what its logger says go to SWEEP_DIR/ray.log; the
+  sweep's lines (the main thread's) to the console; both streams and the logger are as before afterwards."""
+  class Chatty(_FakeRay):
+    def wait(self, pending, num_returns, timeout=None):
+      def ray_thread():
+        print("(raylet) A worker died or was killed while executing a task")
+        print("(raylet) Task failed. There are 2 retries remaining", file=sys.stderr)
+      thread = threading.Thread(target=ray_thread)
+      thread.start()
+      thread.join()
+      logging.getLogger("ray.worker").warning("a warning of Ray's")
+      return super().wait(pending, num_returns, timeout)
+
+  before = (logging.getLogger("ray").handlers[:], sys.stdout, sys.stderr)
+  _on_ray(Chatty(), monkeypatch, _tiny_sweep(("fedbuff",)), tmp_path / "sweep", log=print)
+  console = capsys.readouterr()
+  assert console.err == "" and [line.split(":")[0] for line in console.out.splitlines()] == [
+      "1 members submitted, each asking for 1 CPU(s); Ray's own log", "[1/1] method=fedbuff,seed=0"]
+  kept = (tmp_path / "sweep" / "ray.log").read_text()
+  assert "A worker died" in kept and "2 retries remaining" in kept and "a warning of Ray's" in kept
+  assert (logging.getLogger("ray").handlers, sys.stdout, sys.stderr) == before
+
+
+def test_joining_ray_keeps_the_processs_signal_handlers_and_a_missing_cluster_is_named(tmp_path, fake_runs,
+                                                                                        monkeypatch):
+  """`ray.init` installs a SIGTERM handler that exits at once (and under it a crash handler that dumps a stack): the
+  sweep keeps its own, so SIGTERM stops it cleanly; a Ray it joined it leaves at its end. No cluster at the address
+  given: one line naming --ray_address."""
+  class Unjoined(_FakeRay):
+    joined, left = [], []
+
+    def is_initialized(self):
+      return bool(self.joined) and not self.left
+
+    def init(self, address, **options):
+      signal.signal(signal.SIGTERM, lambda *_: sys.exit(signal.SIGTERM))
+      if address == "nowhere:1":
+        raise ConnectionError("Could not find any running Ray instance.\nPlease specify the one to connect to.")
+      self.joined.append(address)
+
+    def shutdown(self):
+      self.left.append(True)
+
+  mine = lambda *_: None  # noqa: E731
+  previous = signal.signal(signal.SIGTERM, mine)
+  try:
+    ray = Unjoined()
+    _on_ray(ray, monkeypatch, _tiny_sweep(("fedbuff",)), tmp_path / "sweep")
+    assert signal.getsignal(signal.SIGTERM) is mine and ray.joined == [None] and ray.left == [True]
+    monkeypatch.setitem(sys.modules, "ray", Unjoined())
+    Unjoined.joined, Unjoined.left = [], []
+    with pytest.raises(config_lib.ConfigError) as err:
+      sweep.run_ray(_tiny_sweep(("fedbuff",)), str(tmp_path / "other"), address="nowhere:1")
+    assert str(err.value) == (
+        "--ray_address='nowhere:1': no Ray cluster to join there (Could not find any running Ray instance.); allowed: "
+        "the address of a running cluster's head node (`ray start --head` prints it), 'auto' for the cluster this "
+        "node belongs to, or no --ray_address for a local Ray instance")
+    assert signal.getsignal(signal.SIGTERM) is mine
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("kind", ["link", "folder"])
+def test_a_ray_log_the_sweep_cannot_append_to_is_refused_before_any_work(tmp_path, fake_runs, monkeypatch, kind):
+  """SWEEP_DIR/ray.log as a symbolic link (appending would write where it points) or as a folder: one line naming
+  it, before Ray is joined or anything written."""
+  workdir, elsewhere = tmp_path / "sweep", tmp_path / "elsewhere"
+  workdir.mkdir()
+  if kind == "link":
+    (workdir / "ray.log").symlink_to(elsewhere)
+  else:
+    (workdir / "ray.log").mkdir()
+  ray = _FakeRay()
+  with pytest.raises(config_lib.ConfigError, match=r"holds ray.log as (a symbolic link|a directory, where a sweep "
+                     r"keeps a file)"):
+    _on_ray(ray, monkeypatch, _tiny_sweep(("fedbuff",)), workdir)
+  assert ray.submitted == [] and sorted(os.listdir(workdir)) == ["ray.log"] and not elsewhere.exists()
 
 
 def test_a_finished_member_is_skipped_without_starting_jax(tmp_path):
@@ -431,10 +610,10 @@ def test_a_finished_member_is_skipped_without_starting_jax(tmp_path):
   member = sweep.expand(_tiny_sweep(("fedbuff",)))[0]
   run_dir = str(tmp_path / "run")
   os.makedirs(run_dir)
-  config_json = sweep.io.config_json(member.config)
-  sweep.io.write_json_atomic(os.path.join(run_dir, "config.json"), config_json)
-  sweep.io.write_json_atomic(os.path.join(run_dir, "summary.json"), {"status": "completed"})
-  sweep.io.write_json_atomic(str(tmp_path / "member.json"), config_json)
+  config_json = io.config_json(member.config)
+  io.write_json_atomic(os.path.join(run_dir, "config.json"), config_json)
+  io.write_json_atomic(os.path.join(run_dir, "summary.json"), {"status": "completed"})
+  io.write_json_atomic(str(tmp_path / "member.json"), config_json)
   code = ("import json, sys; from fedpsa_jax import sweep; "
           f"r = sweep.run_member(json.load(open({str(tmp_path / 'member.json')!r})), {run_dir!r}); "
           "print(r['sweep_action'], 'jax' in sys.modules)")

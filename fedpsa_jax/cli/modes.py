@@ -15,7 +15,7 @@ sweep: the config is a sweep config (configs/paper/*.py); every member runs into
 interrupted sweep. `executor="local"` runs them one after another here; `"ray"` runs each as a Ray task on
 the cluster at `ray_address` (None: a local Ray instance), each asking for `ray_cpus_per_member` CPUs and
 `ray_gpus_per_member` of a GPU (`sweep_lib.RayResources`). `records`: a directory that also keeps each finished
-member's record (no checkpoints) and restores it on a fresh machine (fedpsa_jax/sweep.py). Exit code 1 if a
+member's record (no checkpoints) and restores it on a fresh machine (fedpsa_jax/sweep/records.py). Exit code 1 if a
 member failed.
 
 Modes beyond these come from the caller: launch.py passes the analysis package's (`fedpsa_lab.modes`:

@@ -28,7 +28,7 @@ import pytest
 
 from fedpsa_jax import io, sweep
 from fedpsa_jax.sim import runner
-from helpers import _tiny_sweep, ROOT
+from helpers import _tiny_sweep, process_of, ROOT
 
 ray = pytest.importorskip("ray")
 
@@ -159,13 +159,6 @@ def _cluster() -> Iterator[Cluster]:
       shutil.rmtree(root, ignore_errors=True)
 
 
-def _process_of(run_dir: str) -> int | None:
-  """The pid of the process that holds (or last held) the member's run directory (`io.RunDir.lock`)."""
-  with contextlib.suppress(OSError, ValueError):
-    return int(open(os.path.join(run_dir, io.LOCK_FILE)).read().split()[1])
-  return None
-
-
 def _same_results(remote: dict[str, dict], local: dict[str, dict], sweep_dirs: tuple[str, str]) -> None:
   assert list(remote) == list(local)
   for name in local:
@@ -190,7 +183,7 @@ def test_a_sweep_over_two_nodes_gives_the_local_executor_results(tmp_path, reque
   _same_results(remote, local, (str(tmp_path / "local"), shared))
   ran_on = {name: s["provenance"]["machine"]["ray_node"] for name, s in remote.items()}
   assert set(ran_on.values()) == set(nodes.values()), ran_on  # both nodes ran members, and nothing else did
-  processes = [_process_of(sweep.member_dir(shared, name)) for name in remote]
+  processes = [process_of(sweep.member_dir(shared, name)) for name in remote]
   assert len(set(processes)) == len(remote) and os.getpid() not in processes  # a fresh process per member
 
 
@@ -201,7 +194,7 @@ def _kill_mid_member(cluster: Cluster, shared: str, names: list[str], seen: dict
   while not done.is_set() and "member" not in seen:
     for name in names:
       run_dir = sweep.member_dir(shared, name)
-      pid = _process_of(run_dir)
+      pid = process_of(run_dir)
       checkpoints = os.path.join(run_dir, "checkpoints")
       steps = [s for s in os.listdir(checkpoints) if s.isdigit()] if os.path.isdir(checkpoints) else []
       if pid and pid in _descendants(worker) and steps:

@@ -8,17 +8,21 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pandas as pd
 import pytest
 
+from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, sweep
 from fedpsa_jax.sim import runner
 from fedpsa_lab import paper
 import forked_launch
-from helpers import _tiny_sweep, ROOT
+from helpers import _tiny_sweep, process_of, ROOT
 
 
 TIMING = set(runner.PROCESS_FIELDS) | {"sweep_action"}
@@ -134,19 +138,26 @@ def test_a_report_from_the_records_alone_is_the_report_of_the_sweep(tmp_path):
   assert [r["sweep_action"] for r in results.values()] == ["skipped", "skipped"]
 
 
-@pytest.mark.slow
-def test_ray_executor_gives_the_local_executor_results(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def local_ray():
+  """One local Ray instance for this module's Ray tests (2 CPUs, no GPU), on the loopback only: the `ray` module,
+  joined; a launch.py started by a test joins it at `ray.get_runtime_context().gcs_address`."""
   ray = pytest.importorskip("ray")
-  # (else a local ray.init() writes an authentication token into ~/.ray and turns it on for this whole process)
-  monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+  with pytest.MonkeyPatch.context() as patch:
+    # (else a local ray.init() writes an authentication token into ~/.ray and turns it on for this whole process)
+    patch.setenv("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+             runtime_env={"env_vars": {"PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}})
+    try:
+      yield ray
+    finally:
+      ray.shutdown()
+
+
+def test_ray_executor_gives_the_local_executor_results(tmp_path, local_ray):
   config = _tiny_sweep(("fedbuff", "fedpsa"))
   local = sweep.run_local(config, str(tmp_path / "local"), log=lambda _: None)
-  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",  # (loopback only)
-           runtime_env={"env_vars": {"PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}})
-  try:
-    remote = sweep.run_ray(config, str(tmp_path / "ray"), log=lambda _: None, records_dir=str(tmp_path / "records"))
-  finally:
-    ray.shutdown()
+  remote = sweep.run_ray(config, str(tmp_path / "ray"), log=lambda _: None, records_dir=str(tmp_path / "records"))
   assert sorted(os.listdir(tmp_path / "records" / "runs")) == sorted(remote)  # kept as each task returned
   assert list(remote) == list(local) == ["method=fedbuff,seed=0", "method=fedpsa,seed=0"]
   for name in local:
@@ -159,6 +170,103 @@ def test_ray_executor_gives_the_local_executor_results(tmp_path, monkeypatch):
                                                                                       "metrics.jsonl")]
              for d in ("local", "ray")]
     assert lines[0] == lines[1] and len(lines[0]) >= 2
+  # Members that no node of this cluster (2 CPUs, no GPU) can take are refused before any runs, not left waiting.
+  for resources, flag in ((sweep.RayResources(gpus=0.5), "--ray_gpus_per_member=0.5"),
+                          (sweep.RayResources(cpus=3), "--ray_cpus_per_member=3")):
+    with pytest.raises(config_lib.ConfigError, match=rf"^{flag} asks for .*, more than any node has \(the Ray "
+                       r"cluster has 2 CPU\(s\) and 0 GPU\(s\) on 1 node\(s\)"):
+      sweep.run_ray(config, str(tmp_path / "refused"), resources=resources, log=lambda _: None)
+    assert not os.path.exists(tmp_path / "refused" / "sweep.json")
+
+
+def _member_killed_once_running(run_dir: str, killed: list, done: threading.Event) -> None:
+  """Kills (SIGKILL) the worker process of the member in `run_dir` once it holds its run directory, as a lost
+  node loses it; its pid goes into `killed`. Gives up once `done` is set."""
+  while not done.is_set() and not killed:
+    pid = process_of(run_dir)
+    if pid and pid != os.getpid() and os.path.exists(f"/proc/{pid}"):
+      os.kill(pid, signal.SIGKILL)
+      killed.append(pid)
+    time.sleep(0.2)
+
+
+def test_a_member_lost_on_every_try_fails_in_one_line(tmp_path, local_ray, monkeypatch):
+  """A member whose worker dies on each of its tries (here its only one) fails as one line naming it, the sweep
+  goes on and ends (exit 1 on the command line), and rerunning continues it."""
+  monkeypatch.setattr(sweep.ray_executor, "MEMBER_RETRIES", 0)
+  config = _tiny_sweep(("fedbuff",))
+  config.base.sim.virtual_days = 0.05  # (long enough to be running when it is killed)
+  workdir, logged, killed, done = str(tmp_path / "sweep"), [], [], threading.Event()
+  killer = threading.Thread(target=_member_killed_once_running,
+                            args=(sweep.member_dir(workdir, "method=fedbuff,seed=0"), killed, done), daemon=True)
+  killer.start()
+  try:
+    results = sweep.run_ray(config, workdir, log=logged.append)
+  finally:
+    done.set()
+    killer.join(timeout=30)
+  assert killed, "the member finished before it could be killed"
+  assert results["method=fedbuff,seed=0"]["sweep_action"] == "failed"
+  assert logged[1:] == [logged[-1]] and logged[-1].startswith(
+      "[1/1] method=fedbuff,seed=0: failed (MemberLost: Ray lost its process or node (WorkerCrashedError: The worker "
+      "died unexpectedly while executing this task"), logged
+  assert ("and gave up after 1 try; rerun the same command to continue it from its last checkpoint (what Ray saw: "
+          "ray.log)) (") in logged[-1] and "\n" not in logged[-1]
+
+
+SIGNAL_SWEEP = '''
+import ml_collections
+from fedpsa_jax import config as config_lib
+from fedpsa_jax import sweep
+
+
+def get_config(arg=None):
+  base = config_lib.set_fields(config_lib.base_config(), {
+      "method": "fedbuff", "data.name": "mnist_5k", "model.name": "linear", "partition.num_clients": 10,
+      "eval.every_days": 0.0025, "checkpoint.every_days": 0.0025, "runtime.progress": False})
+  return ml_collections.ConfigDict({"name": "two", "base": base, "seeds": [0], "report": {"rows": ["days"]},
+                                    "axes": [sweep.axis("days", [0.005, 0.04], "sim.virtual_days")]})
+'''
+
+
+def test_sigterm_stops_a_ray_sweep_as_it_stops_a_local_one_and_a_rerun_resumes_it(tmp_path, local_ray):
+  """launch.py --executor=ray joining a running cluster, SIGTERM once the short member is done and the long one
+  has a checkpoint: the command's one line and exit code 143, as a local sweep's, nothing of Ray's on the console
+  (its log in WORKDIR/ray.log); the long member stopped as an interrupted run. Rerunning skips the finished member
+  and continues the interrupted one from its checkpoint."""
+  config_path, workdir = tmp_path / "two.py", str(tmp_path / "sweep")
+  config_path.write_text(SIGNAL_SWEEP)
+  env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "RAY_AUTH_MODE": "disabled"}
+  command = [sys.executable, os.path.join(ROOT, "launch.py"), "--mode=sweep", f"--config={config_path}",
+             f"--workdir={workdir}", "--executor=ray", f"--ray_address={local_ray.get_runtime_context().gcs_address}"]
+  child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  lines, errors = [], []  # (read as they come: a full pipe would stop the child)
+  readers = [threading.Thread(target=lambda: lines.extend(child.stdout), daemon=True),
+             threading.Thread(target=lambda: errors.extend(child.stderr), daemon=True)]
+  for reader in readers:
+    reader.start()
+  long_run = sweep.member_dir(workdir, "days=0.04,seed=0")
+  deadline = time.monotonic() + 300
+  while not (any(line.startswith("[1/2] days=0.005,seed=0: ran") for line in lines)
+             and os.path.isdir(os.path.join(long_run, "checkpoints"))
+             and any(s.isdigit() for s in os.listdir(os.path.join(long_run, "checkpoints")))):
+    assert child.poll() is None and time.monotonic() < deadline, (lines, errors[-30:])
+    time.sleep(0.2)
+  child.send_signal(signal.SIGTERM)
+  assert child.wait(timeout=120) == 143, errors[-30:]
+  for reader in readers:
+    reader.join(timeout=30)
+  assert errors == ["interrupted by SIGTERM: stopped (status 'interrupted'); rerun the same command to resume from "
+                    "the last checkpoint\n"], errors[-30:]
+  assert [line.split(":")[0] for line in lines] == ["2 members submitted, each asking for 1 CPU(s); Ray's own log",
+                                                    "[1/2] days=0.005,seed=0"], lines
+  assert "Connecting to existing Ray cluster" in open(os.path.join(workdir, sweep.RAY_LOG)).read()
+  assert io.read_summary(long_run)["status"] == "interrupted"
+
+  again = sweep.run_ray(config_lib.load_file(str(config_path)), workdir, log=lambda _: None)  # (the same sweep)
+  assert [r["sweep_action"] for r in again.values()] == ["skipped", "ran"]
+  assert again["days=0.04,seed=0"]["status"] == "completed"
+  assert again["days=0.04,seed=0"]["provenance"]["resumed_from_day"] is not None
 
 
 def test_launch_sweep_rejects_a_run_config(tmp_path):
