@@ -139,6 +139,7 @@ def _serve() -> None:
   import fedpsa_jax.cli.modes  # noqa: F401
   import fedpsa_jax.signals  # noqa: F401
   import fedpsa_jax.sweep  # noqa: F401
+  import fedpsa_lab.launch  # noqa: F401  (its flags are defined when it runs, in the child)
   import fedpsa_lab.modes  # noqa: F401
 
   reply = os.fdopen(os.dup(sys.stdout.fileno()), "w")
