@@ -28,7 +28,8 @@ Modes (fedpsa_jax/cli/modes.py; report: fedpsa_lab/modes.py):
   train (default)  one run into --workdir (default runs/<config>[-<arg>]-<time>); rerunning into the same
                    workdir, or --resume, continues it from its last complete checkpoint
   profile          compiled cost and time of each jitted piece: a table and WORKDIR/profile.json
-  sweep            every member of a sweep config (configs/paper/*.py) into WORKDIR/runs/<member>; rerun resumes
+  sweep            every member of a sweep config (configs/paper/*.py), or of a grid over a run config
+                   (--sweep='method=fedbuff,fedpsa seed=0:3'), into WORKDIR/runs/<member>; rerun resumes
   report           the tables and figures of a sweep or run directory, into WORKDIR/report
                    (with --config=SWEEP_CONFIG: drawn with that config's report layout)
 
@@ -81,6 +82,11 @@ def _define_flags() -> Callable[[list[str]], int]:
       "records", None, "sweep: also keep each finished member's record (config, summary, metrics, events; no "
       "checkpoints) in this directory, a sweep directory small enough to commit that --mode=report reads; members "
       "recorded there start done, e.g. on a fresh machine.")
+  grid = flags.DEFINE_multi_string(
+      "sweep", None, "sweep: a grid over the run config --config, axes separated by spaces (here or in several "
+      "--sweep flags): field=v1,v2 or field=a:b (the integers a to b-1), e.g. "
+      "--sweep='method=fedbuff,fedpsa seed=0:3 alpha=0.1,1.0' (docs/runs.md, \"Sweeps from the command line\"). "
+      "Default workdir: runs/<config>-sweep.")
   ray_address = flags.DEFINE_string("ray_address", None, "sweep --executor=ray: the cluster address for "
                                     "ray.init(address=...) ('auto': this node's cluster); none: a local instance.")
   ray_cpus = flags.DEFINE_integer(
@@ -109,7 +115,7 @@ def _define_flags() -> Callable[[list[str]], int]:
       "none. Rerunning into the same --workdir resumes as well, without this flag.")
 
   # `--helpshort` lists the main module's key flags, and `python launch.py` / `fedpsa-jax` is the main module.
-  for name in ("config", "workdir", "mode", "executor", "compilation_cache", "records", "ray_address",
+  for name in ("config", "workdir", "mode", "executor", "compilation_cache", "records", "sweep", "ray_address",
                "ray_cpus_per_member", "ray_gpus_per_member", "host_devices", "profile_trace", "profile_repeats",
                "verbose", "resume"):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
@@ -120,7 +126,7 @@ def _define_flags() -> Callable[[list[str]], int]:
         config_path=config_flags.get_config_filename(flags.FLAGS["config"]), mode=mode.value,
         workdir=workdir.value, resume=resume.value, executor=executor.value, ray_address=ray_address.value,
         ray_cpus_per_member=ray_cpus.value, ray_gpus_per_member=ray_gpus.value,
-        compilation_cache=compilation_cache.value, records=records.value,
+        compilation_cache=compilation_cache.value, records=records.value, sweep=tuple(grid.value or ()),
         profile_trace=profile_trace.value, profile_repeats=profile_repeats.value, verbose=verbose.value)
     return modes.main(config.value, options, lab_modes.MODES)
 

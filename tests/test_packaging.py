@@ -238,7 +238,7 @@ def test_the_installed_wheel_runs_the_readme_example_and_the_command_from_outsid
   assert seen["experiment"] == "mnist_cnn"  # configs/paper/experiment.py, found by name, its dataset's model
   out, err = helped.communicate(timeout=300)
   # (absl ends its --help with exit code 1, launch.py's as well)
-  assert helped.returncode == 1 and out.startswith("fedpsa-jax --config=FILE[:arg]") and "--workdir" in out, err
+  assert helped.returncode == 1 and out.startswith("fedpsa-jax --config=FILE[:arg]") and "--sweep" in out, err
   out, err = refused.communicate(timeout=300)
   # The shipped sweep config loaded (it imports fedpsa_lab.paper): the report mode then asks for its workdir.
   assert (refused.returncode, err.splitlines()) == (2, [
