@@ -6,8 +6,9 @@ ml_collections re-raises what a config file raised with the traceback as its mes
 parsed is the user's input (a flag, a config file, an `:arg`, a field), so each ends in its innermost
 message, naming the flag and what is allowed.
 
-The flags themselves are launch.py's; this reads the config flag (`--config`, an ml_collections config
-file flag) from absl's registry.
+The flags themselves are the command's (fedpsa_lab/launch.py, which launch.py and `fedpsa-jax` run); this
+reads the config flag (`--config`, an ml_collections config file flag) from absl's registry, after resolving
+its file: a path from the working directory, else a shipped config by name (`config.shipped`).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ MODES = ("train", "profile", "sweep")  # the simulator's own; a caller may add m
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-  """What launch.py's flags ask for besides the config (each field is the flag of the same name)."""
+  """What the command's flags ask for besides the config (each field is the flag of the same name)."""
 
   config_path: str  # `--config`: the config file[:arg], which names the default workdir
   mode: str = "train"
