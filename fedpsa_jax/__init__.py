@@ -3,24 +3,26 @@
 The notebook API (`fedpsa_jax.api`), importable from the package itself:
 
   import fedpsa_jax as fj
-  cfg = fj.config_from("configs/default.py", model="linear", sim__virtual_days=0.05)
+  cfg = fj.config_from("default", model="linear", sim__virtual_days=0.05)   # a shipped config, by name
   result = fj.run(cfg)               # .history (pandas DataFrame), .summary, .plot()
   fj.compare([result, fj.run(fj.config_from(cfg, method="fedbuff"))])
   ex = fj.simulate(cfg); ex.run_until(0.02); ex.diagnostics()
   fj.load_run("runs/some-run")
 
-New algorithms: subclass `fj.Strategy`, decorate with `@fj.register("name")`, set `method="name"`. Models,
-datasets and execution backends have registries too: `fj.register_model`, `fj.register_dataset`,
-`fj.register_backend` (docs/architecture.md, "Where to add").
+`config_from` takes a config file's path, or the name of a config shipped with the package from any
+directory (`"default"`, `"paper/experiment:method=fedbuff,dataset=mnist"`, `"configs/default.py"` as typed in
+the repository's root). New algorithms: subclass `fj.Strategy`, decorate with `@fj.register("name")`, set
+`method="name"`. Models, datasets and execution backends have registries too: `fj.register_model`,
+`fj.register_dataset`, `fj.register_backend` (docs/architecture.md, "Where to add"). `fj.__version__` is the
+installed package's version. The command line is `fedpsa-jax` (or `python launch.py` in a clone).
 
-The API is loaded on first use of one of its names, so that importing a submodule
-(`fedpsa_jax.config`, `fedpsa_jax.io`, ...) does not pull in pandas and the runner.
+`__all__` and `dir(fedpsa_jax)` are these names. The API is loaded on first use of one of them, so that
+importing a submodule (`fedpsa_jax.config`, `fedpsa_jax.io`, ...) does not pull in pandas and the runner.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+import importlib as _importlib
 
 # name -> module that defines it
 _EXPORTS = {
@@ -37,16 +39,38 @@ _EXPORTS = {
     "register_dataset": "fedpsa_jax.data.sources",
     "register_backend": "fedpsa_jax.sim.executor",
 }
+_DISTRIBUTION = "fedpsa-jax"  # the name pip installs the package under (pyproject.toml)
 
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-  """Loads an API name from its module on first access (PEP 562)."""
+def __getattr__(name: str) -> object:
+  """Loads an API name from its module on first access (PEP 562), and `__version__`."""
   if name in _EXPORTS:
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+    return getattr(_importlib.import_module(_EXPORTS[name]), name)
+  if name == "__version__":
+    return _version()
   raise AttributeError(f"module 'fedpsa_jax' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-  return sorted(set(globals()) | set(__all__))
+  return [*__all__, "__version__"]
+
+
+def _version() -> str:
+  """The installed distribution's version (an editable install's too); for a source tree that is not
+  installed, its pyproject.toml's, marked as such ('0.1.0+source'); '0+unknown' without either."""
+  import importlib.metadata
+  import os
+  import tomllib
+
+  try:
+    return importlib.metadata.version(_DISTRIBUTION)
+  except importlib.metadata.PackageNotFoundError:
+    pass
+  pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
+  try:
+    with open(pyproject, "rb") as f:
+      return tomllib.load(f)["project"]["version"] + "+source"
+  except (OSError, KeyError, tomllib.TOMLDecodeError):
+    return "0+unknown"

@@ -27,27 +27,24 @@ import pandas as pd
 
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import io, strategies
+from fedpsa_jax.config import shipped
 from fedpsa_jax import sweep as sweep_lib
 from fedpsa_jax.sim import runner
 from fedpsa_jax.tree_util import to_host
-
-# Relative config paths that do not exist from the working directory are looked up from here, so that a
-# notebook in notebooks/ can say "configs/default.py" as the command line does from the repository root.
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # --- configs -----------------------------------------------------------------------------------------
 
 
 def _config_file(spec: str) -> ml_collections.ConfigDict:
-  """'path/to/file.py[:arg]' -> that file's get_config(arg), read as `--config=` reads it (`config.load_file`);
-  a relative path missing from the working directory is tried from the repository root."""
-  path, colon, arg = spec.partition(":")
-  if not os.path.exists(path) and not os.path.isabs(path) and os.path.exists(os.path.join(PROJECT_ROOT, path)):
-    path = os.path.join(PROJECT_ROOT, path)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"config file {path!r} not found (looked in {os.getcwd()!r} and {PROJECT_ROOT!r})")
-  return config_lib.load_file(path + colon + arg)
+  """'path/to/file.py[:arg]' or a shipped config's name ('default', 'paper/table1:smoke') -> that file's
+  get_config(arg), read as `--config=` reads it (`config.load_file`); a path that exists from the working
+  directory wins (`config.shipped.locate`). FileNotFoundError saying where it looked."""
+  located = shipped.locate_spec(spec)
+  if located is None:
+    path = spec.partition(":")[0]
+    raise FileNotFoundError(f"config file {path!r}: {shipped.not_found(path)}")
+  return config_lib.load_file(located)
 
 
 def _add_missing_sections(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -69,9 +66,9 @@ def config_from(source: str | ml_collections.ConfigDict | None = None,
   """A run config built in Python: a starting point, then overrides.
 
   `source`: None for `base_config()` (every field's default); a config file as on the command line,
-  `'configs/default.py'` or `'configs/default.py:method=fedbuff,alpha=0.5'` (relative paths are tried
-  from the working directory, then from the repository root); or an existing ConfigDict, which is
-  copied, never changed.
+  `'configs/default.py'` or `'configs/default.py:method=fedbuff,alpha=0.5'` (a path from the working
+  directory, else the config shipped with the package of that name: `'default'`, `'paper/table1:smoke'`
+  from any directory); or an existing ConfigDict, which is copied, never changed.
   `overrides`: a dict of dotted fields (`{'sim.virtual_days': 0.05}`) or a `'key=value,...'` string of
   fields as after the colon of a config file (`config.parse_arg`). `**fields`: more overrides as
   keywords, `__` standing for a dot (`sim__virtual_days=0.05`). The short names of

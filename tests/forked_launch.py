@@ -137,8 +137,10 @@ def _serve() -> None:
   import fedpsa_jax.cli.flag_parsing  # noqa: F401
   import fedpsa_jax.cli.host_devices  # noqa: F401
   import fedpsa_jax.cli.modes  # noqa: F401
+  import fedpsa_jax.cli.sweep_flags  # noqa: F401
   import fedpsa_jax.signals  # noqa: F401
   import fedpsa_jax.sweep  # noqa: F401
+  import fedpsa_lab.launch  # noqa: F401  (its flags are defined when it runs, in the child)
   import fedpsa_lab.modes  # noqa: F401
 
   reply = os.fdopen(os.dup(sys.stdout.fileno()), "w")

@@ -40,6 +40,7 @@ LAYERS = (
                                                         "tuning")),
     ("analysis: figure plug-ins", ANALYSIS, ("figures",)),
     ("analysis: the report driver and launch.py's report mode", ANALYSIS, ("report", "modes", "__init__")),
+    ("the command line (fedpsa-jax, launch.py): both packages' modes joined", ANALYSIS, ("launch",)),
 )
 # Imports that climb on purpose, each a registry look-up inside a function: (importer, imported) -> why.
 REGISTRY_LOOKUPS = {

@@ -171,9 +171,9 @@ def test_launch_makes_two_host_devices_by_default_and_what_it_is_told(monkeypatc
 
 
 def test_what_launch_imports_before_setting_xla_flags_imports_no_jax():
-  """XLA reads XLA_FLAGS once, when JAX starts: the modules launch.py (and the simulator, for signals)
-  imports before it sets them must not start JAX."""
-  probe = ("import sys\nimport fedpsa_jax.cli.host_devices, fedpsa_jax.cli, fedpsa_jax.signals\n"
+  """XLA reads XLA_FLAGS once, when JAX starts: the modules launch.py and `fedpsa-jax` (and the simulator, for
+  signals) import before they set them must not start JAX."""
+  probe = ("import sys\nimport fedpsa_lab.launch, fedpsa_jax.cli.host_devices, fedpsa_jax.cli, fedpsa_jax.signals\n"
            "print(sorted(m for m in ('jax', 'jaxlib', 'numpy', 'absl', 'ml_collections') if m in sys.modules))")
   out = subprocess.run([sys.executable, "-c", probe], cwd=_ROOT, capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "[]", out.stdout + out.stderr

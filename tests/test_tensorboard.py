@@ -3,7 +3,7 @@ read back with an independent parser of the event files (tests/tensorboard_event
 
 - `scalars` names every numeric field by its metrics.jsonl path and leaves the rest out;
 - `EventLog` writes one event per record at step = virtual time, float32 values; `restart` leaves exactly the
-  given history in one file, whatever event files were there;
+  given history in one file, whatever event files were there; TensorBoard's own reader sees the same scalars;
 - the recorder keeps the events equal to metrics.jsonl: a resume cut back to a checkpoint's positions drops the
   events written after it, and turning the option on at a resume writes the whole kept history.
 (Whole runs, a kill and a resume: tests/e2e/test_tensorboard_runs.py.)
@@ -72,6 +72,23 @@ def test_restart_leaves_exactly_the_given_history(tmp_path):
   read = scalars_by_step(str(logdir))
   assert list(read) == [0, 864, 1728] and read[1728]["test_accuracy"] == np.float32(0.9)
   assert len(event_files(str(logdir))) == 1 and (logdir / "notes.txt").read_text() == "kept"
+
+
+def test_tensorboard_itself_reads_the_events(tmp_path):
+  """TensorBoard's own reader (the `[tensorboard]` extra, what `tensorboard --logdir` loads with) sees every
+  scalar at its step, as the independent parser above does."""
+  from tensorboard.backend.event_processing import event_accumulator
+
+  log = tensorboard.EventLog(str(tmp_path / "tb"))
+  log.restart([record(0, 0.1, kappa=[0.5, 0.25])])
+  log.write(record(864, 0.3, kappa=[0.75, 1.0 / 3]))
+  log.close()
+  board = event_accumulator.EventAccumulator(str(tmp_path / "tb"))
+  board.Reload()
+  ours = scalars_by_step(str(tmp_path / "tb"))
+  assert sorted(board.Tags()["scalars"]) == sorted(ours[0])
+  for tag in ours[0]:
+    assert [(e.step, np.float32(e.value)) for e in board.Scalars(tag)] == [(t, ours[t][tag]) for t in (0, 864)], tag
 
 
 def recorder(workdir: str, on: bool = True) -> recorder_lib.Recorder:

@@ -1,13 +1,15 @@
 """What the command line promises its user: one line per failure, a distinct exit code, clean signals.
 
-`launch.py` parses its flags with `flag_parsing.parse_flags` and runs every mode (`modes`) inside
-`exit_code_of` (one `except` path, not one per mode); a notebook gets the same exception types
-(`fedpsa_jax.errors`) instead. The package's modules, each importable without side effects:
+The command (`fedpsa-jax`, or `launch.py` in a clone: fedpsa_lab/launch.py) parses its flags with
+`flag_parsing.parse_flags` and runs every mode (`modes`) inside `exit_code_of` (one `except` path, not one per
+mode); a notebook gets the same exception types (`fedpsa_jax.errors`) instead. The package's modules, each
+importable without side effects:
 
 - `host_devices`: the `--host_devices` count, set in XLA_FLAGS before JAX is imported (stdlib only);
 - `flag_parsing`: absl's flags parser that turns every bad flag or config file into one line;
 - `run_name`: run directory names, `<config>[-<arg>]-<YYYYmmdd-HHMMSS>`, and finding a run to resume;
-- `modes`: train, profile and sweep (launch.py adds the analysis package's report, `fedpsa_lab.modes`).
+- `modes`: train, profile and sweep (the command adds the analysis package's report, `fedpsa_lab.modes`);
+- `sweep_flags`: `--sweep`, a grid over a run config built as a sweep config.
 
 Exit codes (docs/runs.md, the exit-code table):
 

@@ -6,13 +6,13 @@ ml_collections re-raises what a config file raised with the traceback as its mes
 parsed is the user's input (a flag, a config file, an `:arg`, a field), so each ends in its innermost
 message, naming the flag and what is allowed.
 
-The flags themselves are launch.py's; this reads the config flag (`--config`, an ml_collections config
-file flag) from absl's registry.
+The flags themselves are the command's (fedpsa_lab/launch.py, which launch.py and `fedpsa-jax` run); this
+reads the config flag (`--config`, an ml_collections config file flag) from absl's registry, after resolving
+its file: a path from the working directory, else a shipped config by name (`config.shipped`).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
 import ml_collections
@@ -20,20 +20,10 @@ from absl import flags
 
 from fedpsa_jax import cli, errors
 from fedpsa_jax import config as config_lib
+from fedpsa_jax.config import shipped
 from fedpsa_jax.validation import MISSING, get_field
 
-DEFAULT_CONFIG = "configs/default.py"
-_REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_PAPER_DIR = os.path.join(_REPOSITORY, "configs", "paper")
-
-
-def default_config() -> str:
-  """The config file launch.py runs without `--config`: DEFAULT_CONFIG from the working directory, or the
-  repository's own when launch.py is started from elsewhere (a path as the user would type it either way)."""
-  if os.path.isfile(DEFAULT_CONFIG):
-    return DEFAULT_CONFIG
-  own = os.path.join(_REPOSITORY, DEFAULT_CONFIG)
-  return own if os.path.isfile(own) else DEFAULT_CONFIG
+DEFAULT_CONFIG = "configs/default.py"  # from the working directory, else the shipped `default` (`config.shipped`)
 
 
 def _config_spec(argv: list[str]) -> str | None:
@@ -125,12 +115,6 @@ def _not_a_config(spec: str, config: object) -> str:
           "get_config(arg) returns a ConfigDict")
 
 
-def _paper_configs() -> list[str]:
-  if not os.path.isdir(_PAPER_DIR):
-    return []
-  return sorted(f for f in os.listdir(_PAPER_DIR) if f.startswith(("table", "fig")) and f.endswith(".py"))
-
-
 def _flags_error_message(err: BaseException, argv: list[str], spec: str) -> str:
   """One line for an error raised while the flags and the config file were parsed (see `parse_flags`)."""
   chain = list(errors.exception_chain(err))  # outermost first
@@ -165,16 +149,17 @@ def parse_flags(argv: list[str]) -> list[str]:
   if spec == "":
     _refuse(f"--config= is empty; allowed: a config file such as {DEFAULT_CONFIG}[:arg] (without --config: "
             f"{DEFAULT_CONFIG})")
-  spec = spec or default_config()
+  spec = spec or DEFAULT_CONFIG
+  located = shipped.locate_spec(spec)  # a path from the working directory, else a shipped config by name
+  if located is None:
+    _refuse(f"--config={spec!r}: {shipped.not_found(spec.partition(':')[0])}; allowed: a config file[:arg], or a "
+            "shipped config by name[:arg] (default, paper/table1:smoke)")
+  spec = located
   # The config file first: ml_collections refuses a `--config.<field>` given before it, but the overrides
   # apply to the file wherever it is named.
   argv = [argv[0], f"--config={spec}", *_without_config(argv[1:])]
   sys.argv = argv  # (ml_collections finds the overrides in sys.argv, not in the argv absl parses)
   try:
-    if not os.path.isfile(spec.split(":", 1)[0]):
-      raise errors.ConfigError(f"--config={spec!r}: no such file; allowed: a config file such as "
-                               f"{DEFAULT_CONFIG}[:arg], or a sweep config "
-                               f"configs/paper/{{{','.join(_paper_configs())}}}[:smoke][,seeds=K]")
     with config_lib.quiet_loader():
       rest = flags.FLAGS(argv)
     config = flags.FLAGS["config"].value

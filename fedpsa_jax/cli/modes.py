@@ -10,8 +10,9 @@ Fisher diagonal on each path and Eq. 8 at calibration sizes 16/32/128/512, the s
 strategy's server step): a table on stdout and WORKDIR/profile.json; `profile_trace` also writes a
 jax.profiler trace (TensorBoard / Perfetto) to WORKDIR/trace with one named scope per piece.
 
-sweep: the config is a sweep config (configs/paper/*.py); every member runs into WORKDIR/runs/<member>
-(default WORKDIR: runs/<config>[-<arg>]), skipping finished members, so rerunning the same command resumes an
+sweep: the config is a sweep config (configs/paper/*.py), or a run config and `sweep` a grid over it
+(`--sweep`, `sweep_flags`); every member runs into WORKDIR/runs/<member> (default WORKDIR: runs/<config>[-<arg>],
+for a grid runs/<config>[-<arg>]-sweep), skipping finished members, so rerunning the same command resumes an
 interrupted sweep. `executor="local"` runs them one after another here; `"ray"` runs each as a Ray task on
 the cluster at `ray_address` (None: a local Ray instance), each asking for `ray_cpus_per_member` CPUs and
 `ray_gpus_per_member` of a GPU (`sweep_lib.RayResources`). `records`: a directory that also keeps each finished
@@ -40,7 +41,7 @@ from absl import logging
 from fedpsa_jax import cli, io, profiling, signals
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import sweep as sweep_lib
-from fedpsa_jax.cli import run_name
+from fedpsa_jax.cli import run_name, sweep_flags
 from fedpsa_jax.sim import runner
 
 MODES = ("train", "profile", "sweep")  # the simulator's own; a caller may add more (`run_mode`'s `more_modes`)
@@ -48,7 +49,7 @@ MODES = ("train", "profile", "sweep")  # the simulator's own; a caller may add m
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-  """What launch.py's flags ask for besides the config (each field is the flag of the same name)."""
+  """What the command's flags ask for besides the config (each field is the flag of the same name)."""
 
   config_path: str  # `--config`: the config file[:arg], which names the default workdir
   mode: str = "train"
@@ -60,6 +61,7 @@ class Options:
   ray_gpus_per_member: float | None = None  # None: not given (the default share on a cluster with GPUs)
   compilation_cache: str | None = None  # None: WORKDIR/jax_cache; '': none
   records: str | None = None  # `--records`: sweep only; the finished members' records kept there as well
+  sweep: tuple[str, ...] = ()  # `--sweep`: sweep only; a grid over the run config (`sweep_flags`)
   profile_trace: bool = False
   profile_repeats: int = 5
   verbose: bool = False  # `--verbose`: the libraries' info log lines (absl, JAX, tfds) on the console too
@@ -100,12 +102,17 @@ def profile(config: ml_collections.ConfigDict, workdir: str, *, trace: bool = Fa
 
 
 def run_sweep(config: ml_collections.ConfigDict, options: Options) -> int:
-  """The sweep mode: 0 when every member is done, 1 when one failed."""
-  if not sweep_lib.is_sweep_config(config):
+  """The sweep mode: 0 when every member is done, 1 when one failed. With `--sweep`, the sweep is that grid over
+  the run config (`sweep_flags.grid_sweep`), in the default workdir runs/<config>[-<arg>]-sweep."""
+  if options.sweep:
+    config = sweep_flags.grid_sweep(config, options.sweep, options.config_path)
+  elif not sweep_lib.is_sweep_config(config):
     raise config_lib.ConfigError(
         f"--config={options.config_path!r} is not a sweep config (it needs name, base, axes, seeds); allowed: "
-        "a sweep config such as configs/paper/table1.py (configs/paper/{table1..table6,fig3..fig6}.py)")
-  workdir = options.workdir or run_name.sweep_workdir(options.config_path)
+        "a sweep config such as configs/paper/table1.py (configs/paper/{table1..table6,fig3..fig6}.py), or a grid "
+        "over this config: --sweep='method=fedbuff,fedpsa seed=0:3'")
+  default = sweep_flags.workdir if options.sweep else run_name.sweep_workdir
+  workdir = options.workdir or default(options.config_path)
   cache = options.compilation_cache
   cache = os.path.join(workdir, "jax_cache") if cache is None else cache
   if cache and os.path.lexists(cache) and not os.path.isdir(cache):  # (every member would fail on it)
@@ -148,6 +155,9 @@ def run_mode(config: ml_collections.ConfigDict, options: Options, more_modes: Ma
                                  "--mode=sweep --records=DIR, or no --records")
   if options.records == "":
     raise config_lib.ConfigError("--records= is empty; allowed: a directory, or no --records")
+  if options.sweep and options.mode != "sweep":
+    raise config_lib.ConfigError(f"--sweep is only for --mode=sweep, not --mode={options.mode}; allowed: "
+                                 "--mode=sweep --sweep=GRID, or no --sweep")
   ray_resources(options)  # (the Ray flags checked before any mode starts)
   if options.mode in more_modes:
     return more_modes[options.mode](config, options)

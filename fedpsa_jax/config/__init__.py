@@ -12,7 +12,8 @@ a config is built or validated, not on import, so `io`, `sweep` and `report` imp
 """
 
 from fedpsa_jax.config.fields import (MOVED_FIELDS, OVERRIDE_ALIASES, REMOVED_FIELDS, data_path_replaces_name,
-                                     exited_in, load_file, parse_arg, quiet_loader, set_fields, unknown_field)
+                                     exited_in, literal_value, load_file, parse_arg, quiet_loader, set_fields,
+                                     split_items, unknown_field)
 from fedpsa_jax.config.rules import FIELD_RULES, DataSizes, config_errors, data_errors, validate, validate_data
 from fedpsa_jax.config.schema import (MAX_DAYS, RUNTIME_SECTION, SHARED_SECTIONS, UNITS_PER_DAY, base_config,
                                       budget_units, concurrency, eval_every_units, runtime_config)
@@ -22,4 +23,5 @@ from fedpsa_jax.validation import INT64_MAX
 __all__ = ["ConfigError", "DataSizes", "FIELD_RULES", "INT64_MAX", "MAX_DAYS", "MOVED_FIELDS", "OVERRIDE_ALIASES",
            "REMOVED_FIELDS", "RUNTIME_SECTION", "SHARED_SECTIONS", "UNITS_PER_DAY", "base_config", "budget_units",
            "concurrency", "config_errors", "data_errors", "data_path_replaces_name", "eval_every_units", "load_file",
-           "exited_in", "parse_arg", "quiet_loader", "runtime_config", "set_fields", "unknown_field", "validate", "validate_data"]
+           "exited_in", "literal_value", "parse_arg", "quiet_loader", "runtime_config", "set_fields", "split_items",
+           "unknown_field", "validate", "validate_data"]

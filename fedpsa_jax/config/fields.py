@@ -167,9 +167,9 @@ def data_path_replaces_name(c: ml_collections.ConfigDict, fields_set: Mapping[st
 # --- the `:arg` grammar ---
 
 
-def _split_items(arg: str) -> list[str]:
-  """Splits at the commas that are not inside brackets or quotes (`partition.group_proportions=(0.5,0.5)`
-  is one item)."""
+def split_items(arg: str, separators: str = ",") -> list[str]:
+  """Splits at the commas (or other `separators`) that are not inside brackets or quotes
+  (`partition.group_proportions=(0.5,0.5)` is one item); empty items are left out."""
   items, depth, quote, current = [], 0, "", []
   for ch in arg:
     if quote:
@@ -180,7 +180,7 @@ def _split_items(arg: str) -> list[str]:
       depth += 1
     elif ch in ")]}":
       depth -= 1
-    elif ch == "," and depth == 0:
+    elif ch in separators and depth == 0:
       items.append("".join(current))
       current = []
       continue
@@ -189,7 +189,7 @@ def _split_items(arg: str) -> list[str]:
   return [item.strip() for item in items if item.strip()]
 
 
-def _literal(raw: str) -> Any:
+def literal_value(raw: str) -> Any:
   """A Python literal (`0.5`, `True`, `(1, 2)`, `'x'`), else the text itself (`fedbuff`)."""
   try:
     return ast.literal_eval(raw)
@@ -224,16 +224,16 @@ def parse_arg(arg: str | None, **spec: Any) -> tuple[ml_collections.ConfigDict, 
   rules = {name: (value if isinstance(value, tuple) else (value, _option_rule(value))) for name, value in spec.items()}
   options = ml_collections.ConfigDict({name: default for name, (default, _) in rules.items()})
   overrides: dict[str, Any] = {}
-  for item in _split_items(arg or ""):
+  for item in split_items(arg or ""):
     key, eq, raw = (s.strip() for s in item.partition("="))
     if key in rules:
       default, rule = rules[key]
-      value = _literal(raw) if eq else (True if rule is boolean else None)
+      value = literal_value(raw) if eq else (True if rule is boolean else None)
       if not rule(value):
         raise ConfigError(f"config argument {item!r} is invalid; allowed: {_option_words(key, rule)}")
       options[key] = value
     elif eq:
-      overrides[OVERRIDE_ALIASES.get(key, key)] = _literal(raw)
+      overrides[OVERRIDE_ALIASES.get(key, key)] = literal_value(raw)
     else:
       near = difflib.get_close_matches(key, list(rules), n=1)
       allowed = ", ".join([*(_option_words(k, r) for k, (_, r) in rules.items()),

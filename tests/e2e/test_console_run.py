@@ -10,7 +10,11 @@ import sys
 
 import pytest
 
+import forked_launch
 from helpers import ROOT
+
+_NO_WORKDIR = ("--workdir is required for --mode=report; allowed: a sweep directory (with sweep.json) or a run "
+               "directory (with metrics.jsonl)")
 
 
 @pytest.mark.slow
@@ -36,7 +40,20 @@ def test_launch_started_outside_the_repository_finds_its_default_config(tmp_path
   (not a 'no such file' for the relative path): the report mode then asks only for its workdir."""
   done = subprocess.run([sys.executable, os.path.join(ROOT, "launch.py"), "--mode=report"], cwd=tmp_path,
                         capture_output=True, text=True, timeout=300)
-  assert (done.returncode, done.stderr.splitlines()) == (2, [
-      "--workdir is required for --mode=report; allowed: a sweep directory (with sweep.json) or a run directory "
-      "(with metrics.jsonl)"])
+  assert (done.returncode, done.stderr.splitlines()) == (2, [_NO_WORKDIR])
   assert os.listdir(tmp_path) == []  # and it wrote nothing there
+
+
+def test_launch_from_another_directory_finds_a_config_by_its_repository_path_or_its_name(tmp_path):
+  """--config=configs/... as typed in the repository's root, or the shipped config's name, from any directory: the
+  sweep config loads (its import of fedpsa_lab included), and the report mode asks only for its workdir."""
+  for spec in ("configs/paper/table1.py:smoke", "paper/table1:smoke", "default"):
+    done = forked_launch.launch("--mode=report", f"--config={spec}", cwd=tmp_path)
+    assert (done.returncode, done.stderr.splitlines()) == (2, [_NO_WORKDIR]), spec
+  done = forked_launch.launch("--config=configs/nope.py:smoke", cwd=tmp_path)
+  (line,) = done.stderr.splitlines()
+  assert done.returncode == 2 and line.startswith(f"--config='configs/nope.py:smoke': no such file in {tmp_path}, nor "
+                                                  f"a config shipped with fedpsa-jax (in {os.path.join(ROOT, 'configs')}: ")
+  assert "paper/{experiment,fig3," in line and line.endswith("allowed: a config file[:arg], or a shipped config by "
+                                                             "name[:arg] (default, paper/table1:smoke)")
+  assert os.listdir(tmp_path) == []
