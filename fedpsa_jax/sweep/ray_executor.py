@@ -27,9 +27,9 @@ from fedpsa_jax.sweep.grid import Member, expand, run_order
 from fedpsa_jax.sweep.loop import Completion, check_dirs, collect
 from fedpsa_jax.sweep.members import locked, member_dir, write_sweep_json
 
-# A member's share of one GPU when none is asked for (`RayResources.gpus` None) on a cluster with GPUs. Provisional:
-# four members per device, until the several-members-per-device measurement (docs/performance.md, "Several
-# members per device") has been taken on a GPU.
+# A member's share of one GPU when none is asked for (`RayResources.gpus` None) on a cluster with GPUs: four members
+# per device, a starting value rather than a measured optimum (docs/performance.md, "Several members per device",
+# says how to measure one's own card).
 DEFAULT_GPU_SHARE = 0.25
 # The part of its share of the device's memory a member's JAX may allocate: the rest is the process's own CUDA
 # context and the libraries' workspaces, which JAX's allocator does not count.
