@@ -1,10 +1,13 @@
 """The recipes of docs/architecture.md, "Where to add", each tried once: a dataset, a model and an execution
-backend registered here, outside the package, each run end to end through a short simulation by name alone.
+backend registered here, outside the package, each run end to end through a short simulation by name alone; and
+the README's "Add an algorithm" example, run as it is printed.
 
 Each registration lives only as long as its test: the registries are private copies for the test's duration.
 """
 
 from __future__ import annotations
+
+import os
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -15,7 +18,8 @@ import fedpsa_jax as fj
 from fedpsa_jax import choices, models
 from fedpsa_jax.data import sources
 from fedpsa_jax.sim import executor, runner
-from helpers import small_config
+from fedpsa_jax.strategies import base as strategies_base
+from helpers import ROOT, small_config
 
 TOY_CLASSES, TOY_SHAPE, TOY_PER_CLASS = 4, (6, 6, 1), 150
 
@@ -27,6 +31,7 @@ def private_registries(monkeypatch):
   monkeypatch.setattr(sources, "_SOURCES", dict(sources._SOURCES))
   monkeypatch.setattr(executor, "_BACKENDS", dict(executor._BACKENDS))
   monkeypatch.setattr(choices, "_REGISTERED", {field: list(names) for field, names in choices._REGISTERED.items()})
+  monkeypatch.setattr(strategies_base, "_REGISTRY", dict(strategies_base._REGISTRY))
 
 
 def _toy_blobs(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:
@@ -117,3 +122,14 @@ def test_a_registered_backend_runs_by_name_with_the_results_of_loop():
   assert histories["on_demand"] == histories["loop"]
   with pytest.raises(ValueError, match="runtime.execution='nowhere' is invalid; allowed: loop, vmap, sharded, on_demand"):
     executor.make_executor("nowhere", None, None, None, None)
+
+
+def test_the_readmes_algorithm_example_runs_as_printed():
+  text = open(os.path.join(ROOT, "README.md")).read()
+  code = text.split("## Add an algorithm", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+  assert "virtual_days=0.01" in code, "the README's example no longer runs 0.01 virtual days"
+  namespace: dict = {}
+  exec(compile(code.replace("virtual_days=0.01", "virtual_days=0.004"), "README.md", "exec"), namespace)
+  result = namespace["result"]
+  assert result.summary["status"] == "completed" and result.summary["method"] == "mybuff"
+  assert result.summary["rounds"] >= 1  # (its receive flushed a buffer of 5 at least once)
