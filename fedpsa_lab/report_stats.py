@@ -20,7 +20,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import scipy.stats
-import statsmodels.stats.multitest
 
 CONFIDENCE = 0.95  # of every interval a report prints
 SIGNIFICANCE = 1.0 - CONFIDENCE  # a paired difference is "larger than the noise" when p < this
@@ -195,15 +194,19 @@ def cluster_bootstrap(groups: Sequence[Any], statistic: Any, resamples: int, see
 
 
 def holm(p_values: Sequence[float]) -> np.ndarray:
-  """Holm's step-down adjustment of a family of p-values (statsmodels' `multipletests(method="holm")`), with NaN
-  ones (too few seeds) left out of the family and NaN: sorted ascending, the j-th (from 1) becomes max over i ≤ j
-  of min(1, (m − i + 1) p_(i)), m the number of p-values. An adjusted p below SIGNIFICANCE keeps the family-wise
-  error rate of all m comparisons read together below it, where the plain p bounds each comparison's alone."""
+  """Holm's step-down adjustment of a family of p-values (NaN ones, too few seeds, are left out of the family
+  and stay NaN): sorted ascending, the j-th (from 1) becomes max over i ≤ j of min(1, (m − i + 1) p_(i)), m the
+  number of p-values. An adjusted p below SIGNIFICANCE keeps the family-wise error rate of all m comparisons
+  read together below it, where the plain p bounds each comparison's alone. statsmodels'
+  `multipletests(method="holm")` gives the same values (tests/test_report.py holds them equal) but runs a full
+  garbage collection on every call, seconds in a process that holds a JAX run; so the few lines here."""
   p = np.asarray(p_values, float)
   adjusted = np.full(p.shape, math.nan)
-  present = ~np.isnan(p)
-  if present.any():
-    adjusted[present] = statsmodels.stats.multitest.multipletests(p[present], method="holm")[1]
+  present = np.flatnonzero(~np.isnan(p))
+  order = present[np.argsort(p[present], kind="stable")]
+  m = len(order)
+  scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+  adjusted[order] = np.maximum.accumulate(scaled)
   return adjusted
 
 
