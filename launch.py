@@ -77,6 +77,8 @@ flags.register_validator(
     "beyond the cores only wait, and XLA builds each of them at start)")
 _PROFILE_TRACE = flags.DEFINE_bool("profile_trace", False, "profile: also write a jax.profiler trace.")
 _PROFILE_REPEATS = flags.DEFINE_integer("profile_repeats", 5, "profile: timed calls per piece (median).")
+_PROFILE_PIECES = flags.DEFINE_list("profile_pieces", None, "profile: only these pieces, e.g. "
+                                    "sgd_step,client_update,server_step (docs/profiling.md); default: every one.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Also show the libraries' info log lines (absl, JAX, tfds); "
                              "by default the console has the progress bar, warnings and the result lines only.")
 _RESUME = flags.DEFINE_bool(
@@ -92,7 +94,8 @@ def main(argv: list[str]) -> int:
       workdir=_WORKDIR.value, resume=_RESUME.value, executor=_EXECUTOR.value, ray_address=_RAY_ADDRESS.value,
       ray_cpus_per_member=_RAY_CPUS.value, ray_gpus_per_member=_RAY_GPUS.value,
       compilation_cache=_COMPILATION_CACHE.value, records=_RECORDS.value, profile_trace=_PROFILE_TRACE.value,
-      profile_repeats=_PROFILE_REPEATS.value, verbose=_VERBOSE.value)
+      profile_repeats=_PROFILE_REPEATS.value,
+      profile_pieces=None if _PROFILE_PIECES.value is None else tuple(_PROFILE_PIECES.value), verbose=_VERBOSE.value)
   return modes.main(_CONFIG.value, options, lab_modes.MODES)
 
 
