@@ -91,9 +91,9 @@ def compiled_cost(fn: Callable, *args, cost_only: bool = False) -> dict[str, flo
   seconds = compile_seconds(lambda: compiled.append(jax.jit(fn).lower(*args).compile(compiler_options=options)))
   cost = compiled[0].cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
-  memory = compiled[0].memory_analysis()
+  buffers = compiled[0].memory_analysis()
   return {"flops": float(cost.get("flops", 0.0)), "bytes": float(cost.get("bytes accessed", 0.0)),
-          "temp_bytes": float(getattr(memory, "temp_size_in_bytes", 0) or 0), "compile_seconds": seconds}
+          "temp_bytes": float(getattr(buffers, "temp_size_in_bytes", 0) or 0), "compile_seconds": seconds}
 
 
 def compile_seconds(call: Callable[[], Any]) -> float:
@@ -192,6 +192,8 @@ class Profiler:
     `TraceAnnotation` (a named slice in Perfetto), each call a `StepTraceAnnotation` of that name (TensorBoard's
     step view). TensorBoard's profiler opens `trace_dir`, Perfetto the summary's `path`
     (`plugins/profile/*/perfetto_trace.json.gz`), whose `problem` says what Perfetto's file lacks."""
+    if not self.keep_calls:
+      raise ValueError("this Profiler kept no calls to trace (keep_calls=False)")
     options = jax.profiler.ProfileOptions()
     options.python_tracer_level = 0
     options.enable_hlo_proto = False  # (the programs' HLO: large, and what --mode=profile costs already)

@@ -7,9 +7,9 @@ The module named after a method (`fedpsa.py` for 'fedpsa') defines
   `profiling.profile` (FedPSA's `calibration_sizes`);
 - `PIECES`: the names of the pieces it can add, so that a selection is checked before any work.
 `for_method(method)` and `pieces_for(method)` load that module by name when the profiled run is of that method;
-a method without one has only the generic pieces (one SGD step, a client update, evaluation, the server steps). A plug-in gets all
-it needs from the profiler, so it imports neither `profiling` nor the simulator, and `profiling` imports no
-method.
+a method without one has only the generic pieces (one SGD step, a client update, evaluation, the server
+steps). A plug-in gets all it needs from the profiler, so it imports neither `profiling` nor the simulator, and
+`profiling` imports no method.
 """
 
 from __future__ import annotations
