@@ -36,15 +36,20 @@ from absl import app, flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-flags.DEFINE_list("methods", ["fedbuff", "fedpsa"], "methods to run")
-flags.DEFINE_integer("repeats", 2, "runs per method")
-flags.DEFINE_float("days", 0.08, "virtual days per run (the default job's budget)")
-flags.DEFINE_integer("host_devices", 2, "launch.py --host_devices")
-flags.DEFINE_enum("allocator", "auto", ["auto", "tcmalloc", "system"],
-                  "the runs' C allocator: tcmalloc (preloaded), glibc's malloc (system), or tcmalloc when found (auto)")
-flags.DEFINE_list("overrides", [], "config fields for every run, as field=value (e.g. runtime.trim_heap=True)")
-flags.DEFINE_list("env", [], "extra KEY=VALUE environment variables for the runs (experiments)")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command line's flags, defined only when run as a script: another benchmark imports this module
+  (`measured_child`) beside its own flags of the same names (`repeats`)."""
+  flags.DEFINE_list("methods", ["fedbuff", "fedpsa"], "methods to run")
+  flags.DEFINE_integer("repeats", 2, "runs per method")
+  flags.DEFINE_float("days", 0.08, "virtual days per run (the default job's budget)")
+  flags.DEFINE_integer("host_devices", 2, "launch.py --host_devices")
+  flags.DEFINE_enum("allocator", "auto", ["auto", "tcmalloc", "system"],
+                    "the runs' C allocator: tcmalloc (preloaded), glibc's malloc (system), or tcmalloc when found (auto)")
+  flags.DEFINE_list("overrides", [], "config fields for every run, as field=value (e.g. runtime.trim_heap=True)")
+  flags.DEFINE_list("env", [], "extra KEY=VALUE environment variables for the runs (experiments)")
 
 
 def allocator_environment(choice: str, environ: dict[str, str], tcmalloc: str | None) -> dict[str, str]:
@@ -72,6 +77,22 @@ def find_tcmalloc() -> str | None:
   return ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc")
 
 
+def measured_child(command: list[str], env: dict[str, str], cwd: str = ROOT) -> tuple[int, float, float, str]:
+  """Runs `command` in `cwd` (default: the repository root): its exit code, wall seconds, peak RSS in MB (the
+  kernel's accounting of that child, `os.wait4`: what `/usr/bin/time -v` reports) and stderr."""
+  # stderr to a file, not a pipe: nothing reads a pipe while wait4 waits, and a full one would stall the run.
+  with tempfile.TemporaryFile("w+") as log:
+    start = time.perf_counter()
+    child = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - start
+    child.returncode = os.waitstatus_to_exitcode(status)  # (so that Popen does not wait for it again)
+    log.seek(0)
+    stderr = log.read()
+  scale = 1 if sys.platform == "darwin" else 1024  # (ru_maxrss is in KiB on Linux, bytes on macOS)
+  return child.returncode, wall, usage.ru_maxrss * scale / 2**20, stderr
+
+
 def run_once(method: str, workdir: str) -> dict:
   env = dict(os.environ, **dict(kv.split("=", 1) for kv in FLAGS.env))
   env = allocator_environment(FLAGS.allocator, env, find_tcmalloc())
@@ -80,22 +101,12 @@ def run_once(method: str, workdir: str) -> dict:
              "--config.runtime.progress=False",
              f"--config.sim.virtual_days={FLAGS.days}", f"--workdir={workdir}"] + [
                  f"--config.{field}" for field in FLAGS.overrides]
-  # stderr to a file, not a pipe: nothing reads a pipe while wait4 waits, and a full one would stall the run.
-  with tempfile.TemporaryFile("w+") as log:
-    start = time.perf_counter()
-    child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - start
-    child.returncode = os.waitstatus_to_exitcode(status)  # (so that Popen does not wait for it again)
-    log.seek(0)
-    stderr = log.read()
-  if os.waitstatus_to_exitcode(status) != 0:
+  code, wall, peak_mb, stderr = measured_child(command, env)
+  if code != 0:
     raise SystemExit(f"{method}: launch.py failed:\n{stderr[-2000:]}")
   with open(os.path.join(workdir, "summary.json")) as f:
     summary = json.load(f)
-  # ru_maxrss is in KiB on Linux (bytes on macOS).
-  scale = 1 if sys.platform == "darwin" else 1024
-  return {"method": method, "peak_rss_mb": usage.ru_maxrss * scale / 2**20, "wall_s": wall,
+  return {"method": method, "peak_rss_mb": peak_mb, "wall_s": wall,
           "updates": summary["client_updates"], "final_accuracy": summary["final_test_accuracy"]}
 
 
@@ -119,4 +130,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

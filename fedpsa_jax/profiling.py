@@ -4,13 +4,15 @@ For the configured model and data, each piece is compiled once, then reported wi
 - `gflops` and `gbytes` from XLA's cost analysis of the compiled program. XLA counts a loop body
   once, so pieces are costed loop-free: local training as the sum of its unrolled programs
   (`LocalTrainer.update_programs`), evaluation as its number of batches times one batch, a method's
-  looped pieces through loop-free twins (FedPSA's factored Fisher: `conv_loop='batched'`, the same matmuls);
+  looped pieces through loop-free twins (FedPSA's factored Fisher: `conv_loop='batched'`, the same matmuls),
+  which, never run, compile at LLVM's level 0 (`COST_ONLY_OPTIONS`: the same figures in half the time);
 - `temp_mb`: the largest temporary buffer allocation of its compiled programs (memory analysis);
 - `compile_s`: the seconds XLA spent compiling the piece's timed call, in its warm-up call (JAX's
   `/jax/core/compile/backend_compile_duration` events, through `jax.monitoring`), or, where the warm-up compiled
   nothing (the costing, or the run's build, had compiled it already), the costing's compile seconds;
 - `ms`: the median wall time over `repeats` calls after that warm-up, each ended by `block_until_ready`, and
-  `ms_min` / `ms_max`, their spread.
+  `ms_min` / `ms_max`, their spread; `x_sgd_step` and `x_client_update`, `ms` as multiples of those pieces'
+  (None where that piece is not profiled).
 
 The pieces every method has are profiled here: one SGD step (and the partial batch's), one client update,
 evaluation, and each strategy's server step. A method's own pieces come from its plug-in in
@@ -19,11 +21,13 @@ when the configured method is that one.
 
 `profile(config)` returns the rows as a list of dicts (a notebook makes a DataFrame of them);
 `launch.py --mode=profile` prints them as a table, with the provenance (`provenance_of`: the code's commit, the
-machine, the config), and writes both to `profile.json`. With a trace directory, once every piece is compiled
-and timed, their timed calls run once more inside one `jax.profiler` trace (`Profiler.trace`): only those calls,
-without the Python tracer (compiles and Python calls made the trace of a small run 860 MB), each piece a
-`TraceAnnotation` and each call a `StepTraceAnnotation` of that name; TensorBoard's profiler opens the folder,
-Perfetto (ui.perfetto.dev) its `perfetto_trace.json.gz`.
+machine, the config), and writes both to `profile.json`. `pieces` (`--profile_pieces`) limits it to the pieces
+named (`piece_names`), checked before any work. With a trace directory, once every piece is compiled and timed,
+each piece's timed call runs once more (`TRACE_CALLS`) inside one `jax.profiler` trace (`Profiler.trace`): only
+those calls, without the Python tracer (compiles and Python calls made the trace of a small run 860 MB), each
+piece a `TraceAnnotation` and each call a `StepTraceAnnotation` of that name; TensorBoard's profiler opens the
+folder, Perfetto (ui.perfetto.dev) its `perfetto_trace.json.gz` (`perfetto.write_perfetto`), which holds at
+most JAX's cap of events (`perfetto.TRACE_EVENT_CAP`): `profile` warns in one line where a piece has no slice.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import dataclasses
 import functools
 import statistics
 import time
+import warnings
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
@@ -39,22 +44,56 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fedpsa_jax import local, metrics, profilers, provenance, strategies
+from fedpsa_jax import errors, local, memory, metrics, perfetto, profilers, provenance, strategies
 
 # JAX's event for the XLA compile of one program (jax/_src/dispatch.py), reported through jax.monitoring.
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
+# The pieces every method has, in the table's order: local training, then (after a method's own, from its plug-in:
+# `profilers.pieces_for`) evaluation and the server steps.
+LOCAL_PIECES = ("sgd_step", "sgd_step_partial", "client_update")
+EVALUATE = "evaluate"
+SERVER_STEP = "server_step"  # `server_step/<method>` for each strategy; the name alone selects them all
 
-def compiled_cost(fn: Callable, *args) -> dict[str, float]:
+# XLA's cost and memory analyses read the optimised HLO and its buffers, which LLVM's optimisation level does not
+# change: a program compiled for them alone compiles at level 0 in about half the time (the same FLOPs, bytes and
+# temporaries on the CNN's loop-free Fisher and update programs).
+COST_ONLY_OPTIONS = {"xla_backend_optimization_level": 0}
+TRACE_CALLS = 1  # calls of each piece in a trace: the CNN's Fisher at 512 samples alone is ~10^5 events a call
+
+
+def piece_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The pieces a profile of `config` can have, as `Profiler(pieces=...)` and `--profile_pieces` name them: the
+  generic ones, the configured method's plug-in's, `server_step` (every strategy's) and `server_step/<method>`."""
+  strategies.load_all()
+  return (*LOCAL_PIECES, *profilers.pieces_for(config.method), EVALUATE, SERVER_STEP,
+          *(f"{SERVER_STEP}/{method}" for method in sorted(strategies.registered())))
+
+
+def check_pieces(config: ml_collections.ConfigDict, pieces: Iterable[str], what: str = "pieces") -> tuple[str, ...]:
+  """`pieces` as a tuple when each is one of `piece_names(config)`; a ConfigError naming `what` (the argument or
+  flag) and the allowed names otherwise, or when there are none."""
+  pieces, allowed = tuple(pieces), piece_names(config)
+  unknown = [p for p in pieces if p not in allowed]
+  if unknown or not pieces:
+    problem = f"{unknown[0]!r} is not a piece of a {config.method} profile" if unknown else "no piece named"
+    raise errors.ConfigError(f"{what}={','.join(pieces)}: {problem}; allowed: a comma-separated list of "
+                             f"{', '.join(allowed)}")
+  return pieces
+
+
+def compiled_cost(fn: Callable, *args, cost_only: bool = False) -> dict[str, float]:
   """FLOPs, bytes accessed and temporary memory of `jax.jit(fn)(*args)` as compiled here, and the seconds XLA
-  spent compiling it (`compile_seconds`)."""
+  spent compiling it (`compile_seconds`). `cost_only`: a program compiled for these figures alone, never run (a
+  loop-free twin): compiled at LLVM's optimisation level 0 (`COST_ONLY_OPTIONS`)."""
   compiled: list[Any] = []
-  seconds = compile_seconds(lambda: compiled.append(jax.jit(fn).lower(*args).compile()))
+  options = COST_ONLY_OPTIONS if cost_only else None
+  seconds = compile_seconds(lambda: compiled.append(jax.jit(fn).lower(*args).compile(compiler_options=options)))
   cost = compiled[0].cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
-  memory = compiled[0].memory_analysis()
+  buffers = compiled[0].memory_analysis()
   return {"flops": float(cost.get("flops", 0.0)), "bytes": float(cost.get("bytes accessed", 0.0)),
-          "temp_bytes": float(getattr(memory, "temp_size_in_bytes", 0) or 0), "compile_seconds": seconds}
+          "temp_bytes": float(getattr(buffers, "temp_size_in_bytes", 0) or 0), "compile_seconds": seconds}
 
 
 def compile_seconds(call: Callable[[], Any]) -> float:
@@ -111,13 +150,18 @@ def _summed(costs: Iterable[dict[str, float]]) -> dict[str, float]:
 class Profiler:
   """Builds one run's pieces (via `Simulation`, without running it) and measures them."""
 
-  def __init__(self, config: ml_collections.ConfigDict, repeats: int = 5):
+  def __init__(self, config: ml_collections.ConfigDict, repeats: int = 5, pieces: Iterable[str] | None = None,
+               keep_calls: bool = True):
+    """`pieces`: the names of the pieces to profile (`piece_names`; None: every piece), checked here.
+    `keep_calls`: keep each piece's timed call (its compiled programs and arguments) for `trace`; without, each
+    piece's memory goes once it is measured."""
     from fedpsa_jax.sim.runner import Simulation  # here, not at import: runner imports much
 
+    self.pieces = None if pieces is None else frozenset(check_pieces(config, pieces))
     config = ml_collections.ConfigDict(config.to_dict())
     config.runtime.progress = False
     self.sim = Simulation(config, workdir=None)
-    self.config, self.repeats = config, repeats
+    self.config, self.repeats, self.keep_calls = config, repeats, keep_calls
     self.params = self.sim.strategy.eval_models(self.sim.state).params
     self.apply_fn = self.sim.model.apply
     self.rows: list[dict[str, Any]] = []
@@ -125,32 +169,46 @@ class Profiler:
 
   cost = staticmethod(compiled_cost)  # (for the plug-ins, which do not import this module)
 
+  def wants(self, name: str) -> bool:
+    """Whether piece `name` is to be profiled: every piece, or those `pieces` names (`server_step`: all of them)."""
+    if self.pieces is None or name in self.pieces:
+      return True
+    return name.startswith(SERVER_STEP + "/") and SERVER_STEP in self.pieces
+
   def add(self, name: str, cost: dict[str, float], call: Callable[[], Any], **extra) -> dict[str, Any]:
     """A row for piece `name`: `cost`, the compile time of `call`'s warm-up, and `repeats` timed calls. A warm-up
     that compiled nothing ran the program `cost` compiled (the same function and arguments): its compile time."""
     warm_up = compile_seconds(call)
     row = _row(name, cost, warm_up or cost.get("compile_seconds", 0.0), call_seconds(call, self.repeats), **extra)
     self.rows.append(row)
-    self.calls.append((name, call))
+    if self.keep_calls:
+      self.calls.append((name, call))
+    memory.trim_heap()  # (the calls' temporaries back to the OS: the next piece's peak does not sit on them)
     return row
 
-  def trace(self, trace_dir: str) -> None:
-    """Every piece's timed call, `repeats` times, inside one `jax.profiler` trace in `trace_dir`, compiled
-    already: no compile, no Python tracer (host events of the runtime and the annotations only); each piece a
-    `TraceAnnotation`, each call a `StepTraceAnnotation` of that name (TensorBoard's step view). TensorBoard's
-    profiler opens `trace_dir`, Perfetto its `plugins/profile/*/perfetto_trace.json.gz`."""
+  def trace(self, trace_dir: str, calls: int = TRACE_CALLS) -> perfetto.TraceSummary:
+    """`calls` of each piece's timed call inside one `jax.profiler` trace in `trace_dir`, compiled already: no
+    compile, no Python tracer (host events of the runtime and the annotations only); each piece a
+    `TraceAnnotation` (a named slice in Perfetto), each call a `StepTraceAnnotation` of that name (TensorBoard's
+    step view). TensorBoard's profiler opens `trace_dir`, Perfetto the summary's `path`
+    (`plugins/profile/*/perfetto_trace.json.gz`), whose `problem` says what Perfetto's file lacks."""
+    if not self.keep_calls:
+      raise ValueError("this Profiler kept no calls to trace (keep_calls=False)")
     options = jax.profiler.ProfileOptions()
     options.python_tracer_level = 0
     options.enable_hlo_proto = False  # (the programs' HLO: large, and what --mode=profile costs already)
-    jax.profiler.start_trace(trace_dir, create_perfetto_trace=True, profiler_options=options)
+    # (its Perfetto file written here: jax.profiler's create_perfetto_trace loads the whole trace, +440 MB)
+    jax.profiler.start_trace(trace_dir, profiler_options=options)
     try:
       for name, call in self.calls:
         with jax.profiler.TraceAnnotation(name):
-          for step in range(self.repeats):
+          for step in range(calls):
             with jax.profiler.StepTraceAnnotation(name, step_num=step):
               jax.block_until_ready(call())
     finally:
       jax.profiler.stop_trace()
+    memory.trim_heap()  # (the recorded events, freed once written)
+    return perfetto.write_perfetto(perfetto.newest_trace_folder(trace_dir), [name for name, _ in self.calls])
 
   # --- the pieces -----------------------------------------------------------------------------------
 
@@ -162,25 +220,27 @@ class Profiler:
     state = local.StepState(params=self.params, anchor=self.params, lr=jnp.float32(0.01))
     data = local.ClientData(x_all=fed.x_train, y_all=fed.y_train, index_row=row, orders=orders,
                             num_samples=jnp.int32(n))
-    one_step = lambda state, data: trainer.sgd_step(state, data, jnp.int32(0)).params
-    one_step_jit = jax.jit(one_step)  # (built once: a new wrapper per timed call dispatches slowly)
-    self.add("sgd_step", compiled_cost(one_step, state, data), lambda: one_step_jit(state, data),
-             batch=trainer.batch_size)
+    if self.wants("sgd_step"):
+      one_step = lambda state, data: trainer.sgd_step(state, data, jnp.int32(0)).params
+      one_step_jit = jax.jit(one_step)  # (built once: a new wrapper per timed call dispatches slowly)
+      self.add("sgd_step", compiled_cost(one_step, state, data), lambda: one_step_jit(state, data),
+               batch=trainer.batch_size)
     steps = local.num_local_steps(n, trainer.batch_size, trainer.epochs)
     full, rest = trainer.epoch_plan(n)
-    if rest:  # the partial batch of each epoch runs at `rest` rows (see LocalTrainer.epoch_plan)
+    if rest and self.wants("sgd_step_partial"):  # each epoch's partial batch runs at `rest` rows (epoch_plan)
       slot = full * trainer.batch_size + jnp.arange(rest)
       partial_step = lambda state, data, order: trainer.batch_step(state, data, order, slot).params
       partial_jit = jax.jit(partial_step)
       self.add("sgd_step_partial", compiled_cost(partial_step, state, data, orders[0]),
                lambda: partial_jit(state, data, orders[0]), batch=rest)
-    programs = trainer.update_programs(state, data.replace(num_samples=n))
-    job_data = data.replace(orders=None, num_samples=n)  # (a job draws its own orders)
-    cost = _summed([_scaled(compiled_cost(fn, *args), times) for times, fn, args in programs])
-    self.add("client_update", cost,
-             lambda: trainer.train_job(self.params, job_data, lr=0.01, clients_key=key, job_id=0),
-             steps=steps, samples=n, full_batches=trainer.epochs * full, partial_batches=trainer.epochs * (rest > 0),
-             partial_rows=rest)
+    if self.wants("client_update"):
+      programs = trainer.update_programs(state, data.replace(num_samples=n))
+      job_data = data.replace(orders=None, num_samples=n)  # (a job draws its own orders)
+      cost = _summed([_scaled(compiled_cost(fn, *args, cost_only=True), times) for times, fn, args in programs])
+      self.add("client_update", cost,
+               lambda: trainer.train_job(self.params, job_data, lr=0.01, clients_key=key, job_id=0),
+               steps=steps, samples=n, full_batches=trainer.epochs * full, partial_batches=trainer.epochs * (rest > 0),
+               partial_rows=rest)
 
   def method_pieces(self, **options) -> None:
     """The configured method's own pieces, from its plug-in (`fedpsa_jax/profilers/`; none: nothing to add).
@@ -197,12 +257,15 @@ class Profiler:
              **extra)
 
   def evaluation(self) -> None:
+    if not self.wants(EVALUATE):
+      return
     fed = self.sim.fed
     n, b = int(fed.x_test.shape[0]), min(self.config.eval.batch_size, int(fed.x_test.shape[0]))
     batches = -(-n // b)
     one = functools.partial(metrics.batch_stats, self.apply_fn)
-    cost = compiled_cost(one, self.params, fed.x_test[:b], fed.y_test[:b], jnp.ones((b,), jnp.float32))
-    self.add("evaluate", _scaled(cost, batches), lambda: self.sim.evaluate(self.params)["test_accuracy"],
+    cost = compiled_cost(one, self.params, fed.x_test[:b], fed.y_test[:b], jnp.ones((b,), jnp.float32),
+                         cost_only=True)
+    self.add(EVALUATE, _scaled(cost, batches), lambda: self.sim.evaluate(self.params)["test_accuracy"],
              samples=n, batches=batches)
 
   def server_steps(self, methods: Sequence[str] | None = None) -> None:
@@ -210,11 +273,15 @@ class Profiler:
     fed = self.sim.fed
     registered = strategies.registered()
     for method in sorted(registered) if methods is None else methods:
+      if not self.wants(f"{SERVER_STEP}/{method}"):
+        continue
       config = ml_collections.ConfigDict(self.config.to_dict())
       config.method = method
       if registered[method].validate_config(config):
         continue  # not applicable to this model (FedPAC on the linear model)
-      strategy = registered[method](config.get(method, ml_collections.ConfigDict()), self.sim.strategy.ctx)
+      # The run's own method: its strategy, built already (a second FedPSA would hold a second R).
+      strategy = (self.sim.strategy if method == self.config.method else
+                  registered[method](config.get(method, ml_collections.ConfigDict()), self.sim.strategy.ctx))
       state = strategy.init(self.params)
       arrivals = _arrivals_for_a_round(strategy, state, fed)
       count = len(arrivals)
@@ -235,6 +302,14 @@ class Profiler:
       self.add(f"server_step/{method}", cost, call, arrivals=count)
 
 
+@jax.jit
+def _trained_from(start: Any, seed: int) -> tuple[Any, Any]:
+  """A stand-in for a client's trained parameters, `start` plus small noise drawn from `seed`, and its delta: one
+  program (run op by op, the noise compiled ~30 small programs, ~11 s of CPU, the first time)."""
+  end = jax.tree.map(lambda p: p + 1e-3 * jax.random.normal(jax.random.key(seed), p.shape, p.dtype), start)
+  return end, jax.tree.map(jnp.subtract, end, start)
+
+
 def _arrivals_for_a_round(strategy: strategies.Strategy, state: Any, fed: Any,
                           limit: int = 1000) -> list[strategies.Arrival]:
   """Client updates (the global model plus small noise, with real payloads) that complete one round when
@@ -245,13 +320,13 @@ def _arrivals_for_a_round(strategy: strategies.Strategy, state: Any, fed: Any,
   for i in range(limit):
     client = i % fed.num_clients
     probe, start, aux = strategy.dispatch(probe, client)
-    end = jax.tree.map(lambda p, k=i: p + 1e-3 * jax.random.normal(jax.random.key(k), p.shape, p.dtype), start)
+    end, delta = _trained_from(start, i)
     job = strategies.ClientJob(client, local.ClientData(fed.x_train, fed.y_train, fed.client_indices[client], None,
                                                         np.int32(fed.client_sizes[client])), aux)
     payload = strategy.client.payload(start, end, job) if strategy.client.payload is not None else ()
     arrivals.append(strategies.Arrival(
         client=client, num_samples=int(fed.client_sizes[client]), staleness=i % 3, dispatch_round=0,
-        params_start=start, delta=jax.tree.map(jnp.subtract, end, start), payload=payload))
+        params_start=start, delta=delta, payload=payload))
     probe, changed = strategy.receive(probe, arrivals[-1:])
     if changed:
       return arrivals
@@ -259,27 +334,34 @@ def _arrivals_for_a_round(strategy: strategies.Strategy, state: Any, fed: Any,
 
 
 def profile(config: ml_collections.ConfigDict, *, repeats: int = 5, methods: Sequence[str] | None = None,
-            trace_dir: str | None = None, **method_options) -> list[dict[str, Any]]:
+            trace_dir: str | None = None, pieces: Iterable[str] | None = None,
+            warn: Callable[[str], None] | None = None, **method_options) -> list[dict[str, Any]]:
   """Every piece of the configured run, costed and timed: a list of rows (dicts).
 
   `methods`: whose server step to profile (default: every registered method that applies).
   `trace_dir`: also write a `jax.profiler` trace there (open it in TensorBoard or Perfetto).
+  `pieces`: only these (`piece_names`); the rows' multiples of `sgd_step` and `client_update` are None where that
+  piece is not profiled.
+  `warn`: gets the one line that says what the trace's Perfetto file lacks, if anything (`TraceSummary.problem`;
+  default: `warnings.warn`).
   `method_options`: for the configured method's plug-in (`Profiler.method_pieces`), e.g. FedPSA's
   `calibration_sizes`.
   """
-  profiler = Profiler(config, repeats=repeats)
+  profiler = Profiler(config, repeats=repeats, pieces=pieces, keep_calls=bool(trace_dir))
   profiler.local_training()
   profiler.method_pieces(**method_options)
   profiler.evaluation()
   profiler.server_steps(methods)
   if trace_dir:
-    profiler.trace(trace_dir)
+    problem = profiler.trace(trace_dir).problem
+    if problem:
+      (warn or functools.partial(warnings.warn, stacklevel=2))(problem)
   rows = profiler.rows
-  step_ms = next(r["ms"] for r in rows if r["piece"] == "sgd_step")
-  update_ms = next(r["ms"] for r in rows if r["piece"] == "client_update")
+  step_ms = next((r["ms"] for r in rows if r["piece"] == "sgd_step"), None)
+  update_ms = next((r["ms"] for r in rows if r["piece"] == "client_update"), None)
   for r in rows:
-    r["x_sgd_step"] = r["ms"] / step_ms
-    r["x_client_update"] = r["ms"] / update_ms
+    r["x_sgd_step"] = r["ms"] / step_ms if step_ms else None
+    r["x_client_update"] = r["ms"] / update_ms if update_ms else None
   return rows
 
 
@@ -287,6 +369,10 @@ def provenance_of(config: ml_collections.ConfigDict, repeats: int) -> dict[str, 
   """Where a profile's figures come from: the code's commit, the machine and its devices, the config, repeats."""
   return {"code": provenance.code_version(), "machine": provenance.machine(), "repeats": repeats,
           "config": config.to_dict()}
+
+
+def _multiple(value: float | None, width: int, digits: int) -> str:
+  return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
 
 
 def format_table(rows: Sequence[dict[str, Any]], origin: dict[str, Any] | None = None) -> str:
@@ -303,6 +389,6 @@ def format_table(rows: Sequence[dict[str, Any]], origin: dict[str, Any] | None =
     size = r.get("calibration", r.get("steps", r.get("arrivals", r.get("batch", ""))))
     spread = f"{r['ms_min']:.1f}-{r['ms_max']:.1f}"
     lines.append(f"{r['piece']:<28}{size!s:>6}{r['gflops']:>10.3f}{r['gbytes']:>9.3f}{r['temp_mb']:>10.1f}"
-                 f"{r['compile_s']:>10.2f}{r['ms']:>10.1f}{spread:>16}{r['x_sgd_step']:>8.2f}"
-                 f"{r['x_client_update']:>9.3f}")
+                 f"{r['compile_s']:>10.2f}{r['ms']:>10.1f}{spread:>16}{_multiple(r['x_sgd_step'], 8, 2)}"
+                 f"{_multiple(r['x_client_update'], 9, 3)}")
   return "\n".join(lines)

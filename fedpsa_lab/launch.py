@@ -107,6 +107,8 @@ def _define_flags() -> Callable[[list[str]], int]:
       "beyond the cores only wait, and XLA builds each of them at start)")
   profile_trace = flags.DEFINE_bool("profile_trace", False, "profile: also write a jax.profiler trace.")
   profile_repeats = flags.DEFINE_integer("profile_repeats", 5, "profile: timed calls per piece (median).")
+  profile_pieces = flags.DEFINE_list("profile_pieces", None, "profile: only these pieces, e.g. "
+                                     "sgd_step,client_update,server_step (docs/profiling.md); default: every one.")
   verbose = flags.DEFINE_bool("verbose", False, "Also show the libraries' info log lines (absl, JAX, tfds); "
                               "by default the console has the progress bar, warnings and the result lines only.")
   resume = flags.DEFINE_bool(
@@ -117,7 +119,7 @@ def _define_flags() -> Callable[[list[str]], int]:
   # `--helpshort` lists the main module's key flags, and `python launch.py` / `fedpsa-jax` is the main module.
   for name in ("config", "workdir", "mode", "executor", "compilation_cache", "records", "sweep", "ray_address",
                "ray_cpus_per_member", "ray_gpus_per_member", "host_devices", "profile_trace", "profile_repeats",
-               "verbose", "resume"):
+               "profile_pieces", "verbose", "resume"):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
 
   def run(argv: list[str]) -> int:
@@ -127,7 +129,8 @@ def _define_flags() -> Callable[[list[str]], int]:
         workdir=workdir.value, resume=resume.value, executor=executor.value, ray_address=ray_address.value,
         ray_cpus_per_member=ray_cpus.value, ray_gpus_per_member=ray_gpus.value,
         compilation_cache=compilation_cache.value, records=records.value, sweep=tuple(grid.value or ()),
-        profile_trace=profile_trace.value, profile_repeats=profile_repeats.value, verbose=verbose.value)
+        profile_trace=profile_trace.value, profile_repeats=profile_repeats.value,
+        profile_pieces=None if profile_pieces.value is None else tuple(profile_pieces.value), verbose=verbose.value)
     return modes.main(config.value, options, lab_modes.MODES)
 
   return run

@@ -31,7 +31,7 @@ LAYERS = (
                                 "compiles", "compilation_cache", "memory", "provenance")),
     ("configuration", SIMULATOR, ("config",)),
     ("numerics and storage", SIMULATOR, ("data", "models", "local", "fisher", "sensitivity", "metrics",
-                                         "checkpoint", "io", "run_identity", "tensorboard")),
+                                         "checkpoint", "io", "run_identity", "tensorboard", "perfetto")),
     ("algorithms", SIMULATOR, ("strategies",)),
     ("simulator", SIMULATOR, ("sim",)),
     ("tools on top", SIMULATOR, ("api", "sweep", "profiling", "profilers", "cli", "__init__")),

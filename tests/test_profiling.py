@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections
+import glob
+import gzip
 import json
 import os
 import subprocess
@@ -10,20 +13,28 @@ import sys
 import pytest
 
 from fedpsa_jax import config as config_lib
-from fedpsa_jax import compiles, profilers, profiling, sensitivity, strategies
+from fedpsa_jax import compiles, perfetto, profilers, profiling, sensitivity, strategies
 from fedpsa_jax.profilers import fedpsa as fedpsa_profiler
 import forked_launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def perfetto_slices(trace_dir) -> tuple[str, list[dict]]:
+  """The one Perfetto file of a `jax.profiler` trace folder and its complete events (slices), parsed here."""
+  path, = glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "perfetto_trace.json.gz"))
+  events = json.load(gzip.open(path))
+  events = events["traceEvents"] if isinstance(events, dict) else events
+  return path, [e for e in events if e.get("ph") == "X"]
+
+
 @pytest.mark.slow
-def test_launch_profile_writes_every_piece(tmp_path):
+def test_launch_profile_writes_every_piece_and_a_perfetto_slice_of_each(tmp_path):
   workdir = tmp_path / "prof"
   # (the per-sample Fisher in one chunk: at the default 8, its 512-sample row compiles 64 chunks, 8 s of this test)
   proc = forked_launch.launch("--config=configs/default.py", "--mode=profile", "--profile_repeats=1",
-                              "--config.model.name=linear", "--config.runtime.fisher_chunk_size=512",
-                              f"--workdir={workdir}", timeout=600)
+                              "--profile_trace", "--config.model.name=linear",
+                              "--config.runtime.fisher_chunk_size=512", f"--workdir={workdir}", timeout=600)
   assert proc.returncode == 0, proc.stderr[-2000:]
   written = json.load(open(workdir / "profile.json"))
   rows, origin = written["rows"], written["provenance"]
@@ -44,6 +55,12 @@ def test_launch_profile_writes_every_piece(tmp_path):
       assert r["gflops"] > 0, r
   assert "client_update" in proc.stdout and "GFLOP" in proc.stdout and "compile s" in proc.stdout
   assert proc.stdout.startswith(f"code {(origin['code']['commit'] or 'no git checkout')[:12]}")
+  # Perfetto's file has a slice named after every piece (each size of a sized piece), and no warning was due.
+  path, slices = perfetto_slices(workdir / "trace")
+  counts = collections.Counter(e["name"] for e in slices)
+  for piece in collections.Counter(r["piece"] for r in rows).items():
+    assert counts[piece[0]] >= piece[1], piece
+  assert "warning" not in proc.stderr and os.path.getsize(path) < 5e6
 
 
 @pytest.mark.slow
@@ -147,9 +164,6 @@ def test_compile_seconds_count_the_xla_compile_of_a_call_and_nothing_once_compil
 def test_the_trace_holds_only_the_timed_calls_each_named_without_python_or_compiles(tmp_path):
   """The trace used to wrap the whole profile: every compile and, with the Python tracer on, every Python call
   (860 MB for a small run, 15 GB of memory; Perfetto's view cut at 1M events, 98% Python calls)."""
-  import glob
-  import gzip
-
   c = config_lib.base_config()
   c.method, c.model.name = "fedbuff", "linear"
   profiler = profiling.Profiler(c, repeats=2)
@@ -157,14 +171,65 @@ def test_the_trace_holds_only_the_timed_calls_each_named_without_python_or_compi
   rows = {r["piece"]: r for r in profiler.rows}
   for r in rows.values():
     assert r["repeats"] == 2 and r["ms_min"] <= r["ms"] <= r["ms_max"] and r["compile_s"] >= 0, r
-  profiler.trace(str(tmp_path))
-  perfetto, = glob.glob(str(tmp_path / "plugins" / "profile" / "*" / "perfetto_trace.json.gz"))
-  assert glob.glob(str(tmp_path / "plugins" / "profile" / "*" / "*.xplane.pb"))  # (what TensorBoard opens)
-  events = json.load(gzip.open(perfetto))
-  events = events["traceEvents"] if isinstance(events, dict) else events
-  names = [e.get("name", "") for e in events if e.get("ph") == "X"]
+  summary = profiler.trace(str(tmp_path / "trace"), calls=2)
+  path, slices = perfetto_slices(tmp_path / "trace")
+  assert glob.glob(str(tmp_path / "trace" / "plugins" / "profile" / "*" / "*.xplane.pb"))  # (what TensorBoard opens)
+  names = [e["name"] for e in slices]
   for piece in rows:
-    assert names.count(piece) >= 1 + 2, piece  # the piece, and each of its 2 calls (the step annotations)
+    assert names.count(piece) == 1 + 2, piece  # the piece, and each of its 2 calls (the step annotations)
   assert not [n for n in names if n.startswith("$")]  # the Python tracer's events
   assert not [n for n in names if "compile" in n.lower()], sorted({n for n in names if "compile" in n.lower()})
-  assert os.path.getsize(perfetto) < 5e6
+  assert os.path.getsize(path) < 5e6
+  assert summary.path == path and summary.missing == () and summary.problem is None
+  assert 0 < len(slices) <= summary.events < summary.cap == perfetto.TRACE_EVENT_CAP
+
+  # Past JAX's cap on the events it converts, Perfetto's file keeps the earliest ones: one line says so.
+  # The cap halfway between the first sgd_step slice and the first client_update one: a second trace of the same
+  # calls differs by a few runtime events (buffers allocated once, the host's timing), never by half that gap.
+  def position(piece):
+    return len([e for e in slices if e["ts"] < min(e["ts"] for e in slices if e["name"] == piece)])
+  assert position("client_update") - position("sgd_step") > 20
+  cap = (position("sgd_step") + position("client_update")) // 2
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv(perfetto.TRACE_EVENT_CAP_VARIABLE, str(cap))
+    summary = profiler.trace(str(tmp_path / "capped"), calls=2)
+  _, kept = perfetto_slices(tmp_path / "capped")
+  assert "client_update" not in {e["name"] for e in kept} and "sgd_step" in {e["name"] for e in kept}
+  assert summary.missing == ("client_update",) and summary.events >= summary.cap == cap  # (ties at the cut stay)
+  assert "\n" not in summary.problem and f"{perfetto.TRACE_EVENT_CAP_VARIABLE}={cap:,}" in summary.problem
+  assert "client_update missing" in summary.problem and "--profile_pieces" in summary.problem
+
+
+@pytest.mark.slow
+def test_profile_pieces_profiles_only_those_and_warns_of_a_cut_trace_in_one_line(tmp_path, monkeypatch, capsys):
+  """--mode=profile --profile_pieces: only the named pieces (`server_step`: each method's), nothing for a piece
+  not named; a step-less profile has no multiples of a step. A trace cut at JAX's cap: one warning line."""
+  from fedpsa_jax.cli import modes
+  c = config_lib.base_config()
+  c.method, c.model.name = "fedbuff", "linear"
+  monkeypatch.setenv(perfetto.TRACE_EVENT_CAP_VARIABLE, "3")
+  pieces = ("client_update", "server_step", "server_step/fedpac")  # (FedPAC does not apply to the linear model)
+  assert modes.profile(c, str(tmp_path), trace=True, repeats=1, pieces=pieces) == 0
+  out, err = capsys.readouterr()
+  rows = json.load(open(tmp_path / "profile.json"))["rows"]
+  assert [r["piece"] for r in rows] == ["client_update"] + [f"server_step/{m}" for m in sorted(strategies.registered())
+                                                          if m != "fedpac"]
+  assert all(r["x_sgd_step"] is None and r["x_client_update"] > 0 for r in rows)
+  assert "not in this run: server_step/fedpac (" in out
+  assert next(line for line in out.splitlines() if line.startswith("client_update")).split()[-2:] == ["-", "1.000"]
+  warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+  assert len(warnings) == 1 and "TF_PROFILER_TRACE_VIEWER_MAX_EVENTS=3" in warnings[0], err
+
+
+def test_profile_pieces_are_checked_against_the_methods_pieces_before_any_work(tmp_path):
+  c = config_lib.base_config()
+  c.method = "fedbuff"
+  assert profiling.piece_names(c)[:4] == ("sgd_step", "sgd_step_partial", "client_update", "evaluate")
+  assert "sketch" not in profiling.piece_names(c) and "server_step/fedpsa" in profiling.piece_names(c)
+  c.method = "fedpsa"
+  assert set(fedpsa_profiler.PIECES) <= set(profiling.piece_names(c))
+  with pytest.raises(config_lib.ConfigError) as err:
+    profiling.Profiler(c, pieces=["sgd_step", "local_sgd"])  # (refused before the run is built)
+  message = str(err.value)
+  assert message.startswith("pieces=sgd_step,local_sgd: 'local_sgd' is not a piece of a fedpsa profile; allowed: ")
+  assert "\n" not in message and message.endswith(", ".join(profiling.piece_names(c)))

@@ -7,8 +7,9 @@ config under runs/ (`run_name.resumable_workdir`).
 
 profile: compiles and measures each jitted piece of the configured run (one SGD step, a client update, the
 Fisher diagonal on each path and Eq. 8 at calibration sizes 16/32/128/512, the sketch, evaluation, each
-strategy's server step): a table on stdout and WORKDIR/profile.json; `profile_trace` also writes a
-jax.profiler trace (TensorBoard / Perfetto) to WORKDIR/trace with one named scope per piece.
+strategy's server step): a table on stdout and WORKDIR/profile.json; `profile_pieces` limits it to the pieces
+named; `profile_trace` also writes a jax.profiler trace (TensorBoard / Perfetto) to WORKDIR/trace with one named
+slice per piece, and a warning line where JAX's event cap cut one out of it.
 
 sweep: the config is a sweep config (configs/paper/*.py), or a run config and `sweep` a grid over it
 (`--sweep`, `sweep_flags`); every member runs into WORKDIR/runs/<member> (default WORKDIR: runs/<config>[-<arg>],
@@ -31,9 +32,10 @@ from __future__ import annotations
 import dataclasses
 import logging as std_logging
 import os
+import sys
 import warnings
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import ml_collections
 from absl import logging
@@ -64,6 +66,7 @@ class Options:
   sweep: tuple[str, ...] = ()  # `--sweep`: sweep only; a grid over the run config (`sweep_flags`)
   profile_trace: bool = False
   profile_repeats: int = 5
+  profile_pieces: tuple[str, ...] | None = None  # `--profile_pieces`: None: every piece
   verbose: bool = False  # `--verbose`: the libraries' info log lines (absl, JAX, tfds) on the console too
 
 
@@ -86,15 +89,23 @@ def train(config: ml_collections.ConfigDict, workdir: str, resume: bool) -> int:
   return cli.EXIT_OK if summary["status"] == "completed" else cli.EXIT_FAILED
 
 
-def profile(config: ml_collections.ConfigDict, workdir: str, *, trace: bool = False, repeats: int = 5) -> int:
-  """The profile mode: the table on stdout, the rows and their provenance in WORKDIR/profile.json."""
+def profile(config: ml_collections.ConfigDict, workdir: str, *, trace: bool = False, repeats: int = 5,
+            pieces: Sequence[str] | None = None) -> int:
+  """The profile mode: the table on stdout, the rows and their provenance in WORKDIR/profile.json; `pieces`: only
+  those (checked before any work); what a trace's Perfetto file lacks, one line on stderr."""
   config_lib.validate(config)
+  if pieces is not None:
+    profiling.check_pieces(config, pieces, what="--profile_pieces")
   io.refuse_links(workdir, ("profile.json", "profile.json" + io.TMP_SUFFIX, "trace"))
   os.makedirs(workdir, exist_ok=True)
   trace_dir = os.path.join(workdir, "trace") if trace else None
-  rows = profiling.profile(config, repeats=repeats, trace_dir=trace_dir)
+  rows = profiling.profile(config, repeats=repeats, trace_dir=trace_dir, pieces=pieces,
+                           warn=lambda line: print(f"warning: {line}", file=sys.stderr, flush=True))
   origin = profiling.provenance_of(config, repeats)
   cli.say(profiling.format_table(rows, origin))
+  absent = sorted(set(pieces or ()) - {r["piece"] for r in rows} - {profiling.SERVER_STEP})
+  if absent:
+    cli.say(f"not in this run: {', '.join(absent)} (a piece that does not apply to the config; docs/profiling.md)")
   io.write_json_atomic(os.path.join(workdir, "profile.json"), {"provenance": origin, "rows": rows})
   cli.say(f"profile written to {os.path.join(workdir, 'profile.json')}"
           + (f", trace to {trace_dir}" if trace_dir else ""))
@@ -158,6 +169,9 @@ def run_mode(config: ml_collections.ConfigDict, options: Options, more_modes: Ma
   if options.sweep and options.mode != "sweep":
     raise config_lib.ConfigError(f"--sweep is only for --mode=sweep, not --mode={options.mode}; allowed: "
                                  "--mode=sweep --sweep=GRID, or no --sweep")
+  if options.profile_pieces is not None and options.mode != "profile":
+    raise config_lib.ConfigError(f"--profile_pieces is only for --mode=profile, not --mode={options.mode}; allowed: "
+                                 "--mode=profile --profile_pieces=NAME,..., or no --profile_pieces")
   ray_resources(options)  # (the Ray flags checked before any mode starts)
   if options.mode in more_modes:
     return more_modes[options.mode](config, options)
@@ -171,7 +185,8 @@ def run_mode(config: ml_collections.ConfigDict, options: Options, more_modes: Ma
   config_lib.validate(config)
   if options.mode == "profile":
     workdir = options.workdir or run_name.default_workdir(options.config_path) + "-profile"
-    return profile(config, workdir, trace=options.profile_trace, repeats=options.profile_repeats)
+    return profile(config, workdir, trace=options.profile_trace, repeats=options.profile_repeats,
+                   pieces=options.profile_pieces)
   if options.resume and not options.workdir:
     workdir = run_name.resumable_workdir(options.config_path, config)
   else:

@@ -110,6 +110,12 @@ FLAG_ERRORS = [
      ["unexpected argument(s) 'stray'; allowed: flags only", "--helpshort lists them"]),
     ("an empty --config", lambda p: ["--config="], ["--config= is empty; allowed: a config file such as "
                                                    "configs/default.py[:arg]"]),
+    ("an unknown profile piece", lambda p: ["--config=configs/default.py", "--mode=profile",
+                                            "--profile_pieces=sgd_step,local_sgd"],
+     ["--profile_pieces=sgd_step,local_sgd: 'local_sgd' is not a piece of a fedpsa profile",
+      "allowed: a comma-separated list of sgd_step,", "server_step, server_step/aifed,"]),
+    ("profile pieces outside the profile mode", lambda p: ["--profile_pieces=sgd_step"],
+     ["--profile_pieces is only for --mode=profile, not --mode=train"]),
 ]
 
 
