@@ -1,5 +1,6 @@
 # `make run`: set up .venv (if needed) and run the default experiment on the embedded MNIST data.
-# `make test`: set up .venv (if needed) and run the test suite (`make test-fast`: all but the slow tests).
+# `make test`: set up .venv (if needed) and run the test suite but its CI-only tests (`make test-ci`: those;
+# `make test-fast`: all but the slow tests).
 # `make setup GPU=cuda12`: the same .venv with JAX's CUDA 12 build (JAX's own `cuda12` extra, at the jax version
 # of requirements.txt); later commands use it without being told again. `make clean setup` goes back to CPU.
 PYTHON ?= python3
@@ -19,7 +20,7 @@ JAX_VERSION := $(shell sed -n 's/^jax==\([^ #]*\).*/\1/p' requirements.txt)
 # One stamp per build: a CPU venv keeps the stamp it always had (no reinstall), a GPU one has its own.
 STAMP := $(VENV)/.installed$(if $(GPU),-$(GPU))
 
-.PHONY: run test test-fast test-avx2 setup clean results results-report
+.PHONY: run test test-ci test-fast test-avx2 setup clean results results-report
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,10 +35,15 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(PY) launch.py --config=configs/default.py $(ARGS)
 
-# The whole suite in parallel processes (pytest-xdist), at most 4: most tests are bound by single-threaded
-# compiles, so one worker per core (docs/testing.md has the times). CI runs this.
+# The suite in parallel processes (pytest-xdist), at most 4: most tests are bound by single-threaded compiles, so one
+# worker per core (docs/testing.md has the times). All but the tests marked `ci`, which `test-ci` runs: those that
+# need a set-up outside the suite's processes (a Ray cluster, a wheel in a new venv, a Jupyter kernel) or repeat a
+# stop-and-resume case at more moments. CI runs both.
 test: $(STAMP)
-	$(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal $(ARGS)
+	$(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal -m "not ci" $(ARGS)
+
+test-ci: $(STAMP)
+	$(PY) -m pytest -n auto --maxprocesses=4 --dist worksteal -m ci $(ARGS)
 
 # The edit-test loop: everything but the tests marked slow (all of tests/e2e/: whole runs, launch.py subprocesses,
 # sweeps, the notebook; and the module tests of 2 s or more, marked by hand; docs/testing.md has the times).

@@ -31,6 +31,10 @@ def pytest_configure(config: pytest.Config) -> None:
   config.addinivalue_line("markers", "slow: a test of 2 s or more (whole runs, subprocesses, sweeps, the notebook, CNN-sized "
                           "references): every test under tests/e2e/, and the module tests marked by hand; "
                           "`make test-fast` leaves them out (docs/testing.md)")
+  config.addinivalue_line("markers", "ci: a test CI runs (`make test-ci`) and `make test` leaves out: one that needs a "
+                          "set-up outside this process tree (a Ray cluster, a wheel installed in a new venv, a Jupyter "
+                          "kernel) or repeats a stop-and-resume case at more moments, signals or limits "
+                          "(docs/testing.md); also `slow`")
   _fast_compiles()
   # xdist workers inherit the controller's environment, so only the first process makes the directory;
   # subprocesses (launch.py) inherit it too. A cache set by the user is left as it is.
@@ -63,10 +67,11 @@ _E2E = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e") + os.sep
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-  """Marks every test under tests/e2e/ (whole runs) `slow`, so that nobody has to remember the mark."""
+  """Marks every test under tests/e2e/ (whole runs), and every `ci` test, `slow`, so that nobody has to remember
+  the mark."""
   del config
   for item in items:
-    if str(item.path).startswith(_E2E):
+    if str(item.path).startswith(_E2E) or item.get_closest_marker("ci"):
       item.add_marker(pytest.mark.slow)
 
 

@@ -228,7 +228,7 @@ def saving_checkpoint(workdir) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("method,kills", [
     # before the first checkpoint (a fresh restart), then between checkpoints
-    ("fedpsa", [lines_at_least(2), lines_at_least(6)]),
+    pytest.param("fedpsa", [lines_at_least(2), lines_at_least(6)], marks=pytest.mark.ci),
     # just after a line that follows a checkpoint, then (at once) during a checkpoint write
     ("ca2fl", [lines_at_least(5), saving_checkpoint]),
 ])

@@ -32,7 +32,7 @@ def test_the_cifar10_stand_in_has_its_shape_classes_and_holdout(bench):
   assert np.bincount(data.y_train).tolist() == [180] * 10 and np.bincount(data.y_test).tolist() == [20] * 10
 
 
-@pytest.mark.slow
+@pytest.mark.ci  # (a benchmark script's core)
 def test_both_backends_are_measured_on_the_stand_in(bench):
   results = {}
   for execution in ("loop", "vmap"):
@@ -55,7 +55,7 @@ def test_both_backends_are_measured_on_the_stand_in(bench):
   assert results["loop"]["rounds"] == results["vmap"]["rounds"]
 
 
-@pytest.mark.slow
+@pytest.mark.ci
 def test_several_members_at_once_share_one_device_over_a_common_window(bench):
   """`--per_device`: N copies of a member, each a process with the environment of a 1/N GPU share, measured
   over one window: the same run gives the same updates in each, their windows start once all have warmed up (the

@@ -214,7 +214,7 @@ def installed(tmp_path_factory):
   return wheel, venv, env
 
 
-@pytest.mark.slow
+@pytest.mark.ci  # (a wheel built and installed in a new venv)
 def test_the_installed_wheel_runs_the_readme_example_and_the_command_from_outside_the_clone(installed, tmp_path):
   wheel, venv, env = installed
   with zipfile.ZipFile(wheel) as z:

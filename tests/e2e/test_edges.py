@@ -248,6 +248,7 @@ def _limited_launch(limit: int, workdir) -> subprocess.CompletedProcess:
                         env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=240)
 
 
+@pytest.mark.ci  # (the full disk's exit 3 and resume stay in make test)
 def test_a_file_size_limit_is_one_line_exit_3_and_the_run_resumes(tmp_path):
   workdir = tmp_path / "run"
   line = _one_line(_limited_launch(10_000, workdir), 3)  # (metrics and config fit; a checkpoint's arrays do not)

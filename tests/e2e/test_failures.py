@@ -371,7 +371,7 @@ def assert_stopped_by(proc: forked_launch.Child, signum: int, workdir) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [pytest.param(signal.SIGINT, marks=pytest.mark.ci), signal.SIGTERM])
 def test_a_signal_mid_run_stops_it_cleanly_and_a_rerun_resumes_exactly(signum, tmp_path, uninterrupted):
   workdir = tmp_path / "cut"
   proc = launch_run(workdir)
@@ -387,7 +387,7 @@ def test_a_signal_mid_run_stops_it_cleanly_and_a_rerun_resumes_exactly(signum, t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [pytest.param(signal.SIGINT, marks=pytest.mark.ci), signal.SIGTERM])
 def test_a_signal_during_a_checkpoint_write_waits_for_the_write_then_stops(signum, tmp_path, uninterrupted):
   workdir = tmp_path / "cut"
   proc = launch_run(workdir)
@@ -665,7 +665,7 @@ def _tmpfs(path, size: str) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("size", ["16k", "100k"])
+@pytest.mark.parametrize("size", [pytest.param("16k", marks=pytest.mark.ci), "100k"])
 def test_a_real_full_disk_prints_one_line_and_nothing_from_the_libraries_threads(size, tmp_path):
   """On a file system that fills up during a checkpoint (16k: its first file; 100k: its arrays), orbax's
   threads and tensorstore's late callbacks printed 115-204 lines of tracebacks around the one line."""

@@ -59,7 +59,7 @@ def kernel_of_this_python(tmp_path, monkeypatch) -> str:
   return "fedpsa-test"
 
 
-@pytest.mark.slow
+@pytest.mark.ci  # (a Jupyter kernel)
 def test_quickstart_runs_top_to_bottom(tmp_path, kernel_of_this_python):
   workdir = tmp_path / "notebook"
   workdir.mkdir()

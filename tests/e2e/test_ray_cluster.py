@@ -169,7 +169,7 @@ def _same_results(remote: dict[str, dict], local: dict[str, dict], sweep_dirs: t
     assert lines[0] == lines[1] and len(lines[0]) >= 2, name
 
 
-@pytest.mark.slow
+@pytest.mark.ci
 def test_a_sweep_over_two_nodes_gives_the_local_executor_results(tmp_path, request):
   if _run_in_private_network(request):
     return
@@ -204,7 +204,7 @@ def _kill_mid_member(cluster: Cluster, shared: str, names: list[str], seen: dict
     time.sleep(0.2)
 
 
-@pytest.mark.slow
+@pytest.mark.ci
 def test_a_node_lost_mid_member_costs_only_time(tmp_path, request):
   """The worker node dies (every process of it, SIGKILL) once a member it runs has saved a checkpoint: the sweep
   finishes, the member ran again on the head and continued from a checkpoint (its summary's provenance says from

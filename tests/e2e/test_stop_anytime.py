@@ -82,16 +82,17 @@ MOMENTS = {
     "compiling later": (lambda w, pid: _metrics_lines(w) >= 1, 2.0),
 }
 # Each moment once, and the compiles twice: SIGTERM alone, and a Ctrl-C with the scheduler's SIGTERM after it.
+# (The moments after the first evaluation but one, and the data's loading, run in CI only: `ci`.)
 CASES = [
-    ("importing", [signal.SIGINT, signal.SIGTERM]),
-    ("building", [signal.SIGTERM]),
-    ("compiling", [signal.SIGINT, signal.SIGTERM]),
-    ("compiling later", [signal.SIGTERM]),
+    ("importing", [signal.SIGINT, signal.SIGTERM], ()),
+    ("building", [signal.SIGTERM], pytest.mark.ci),
+    ("compiling", [signal.SIGINT, signal.SIGTERM], ()),
+    ("compiling later", [signal.SIGTERM], pytest.mark.ci),
 ]
 
 
-@pytest.mark.parametrize("moment,sent", [pytest.param(m, s, id=f"{m}-{'-'.join(x.name for x in s)}")
-                                         for m, s in CASES])
+@pytest.mark.parametrize("moment,sent", [pytest.param(m, s, id=f"{m}-{'-'.join(x.name for x in s)}", marks=marks)
+                                         for m, s, marks in CASES])
 def test_a_stop_at_any_moment_is_one_line_its_code_and_a_rerun_completes_the_run(moment, sent, tmp_path,
                                                                                 uninterrupted):
   assert uninterrupted["summary"]["rounds"] >= 1  # (what the rerun must reach includes a server round)

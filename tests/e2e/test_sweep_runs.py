@@ -34,7 +34,7 @@ def _launch(*args: str) -> subprocess.CompletedProcess:
                         cwd=ROOT, env=env, timeout=900)
 
 
-@pytest.mark.slow
+@pytest.mark.ci  # (39 members; a grid from flags runs launch.py's sweep and report in make test)
 def test_table1_smoke_sweep_and_report_end_to_end(tmp_path):
   """launch.py --mode=sweep then --mode=report: every cell of Table 1's layout is filled from the runs."""
   workdir = str(tmp_path / "table1")
@@ -154,6 +154,7 @@ def local_ray():
       ray.shutdown()
 
 
+@pytest.mark.ci  # (a local Ray instance)
 def test_ray_executor_gives_the_local_executor_results(tmp_path, local_ray):
   config = _tiny_sweep(("fedbuff", "fedpsa"))
   local = sweep.run_local(config, str(tmp_path / "local"), log=lambda _: None)
@@ -190,6 +191,7 @@ def _member_killed_once_running(run_dir: str, killed: list, done: threading.Even
     time.sleep(0.2)
 
 
+@pytest.mark.ci  # (a local Ray instance)
 def test_a_member_lost_on_every_try_fails_in_one_line(tmp_path, local_ray, monkeypatch):
   """A member whose worker dies on each of its tries (here its only one) fails as one line naming it, the sweep
   goes on and ends (exit 1 on the command line), and rerunning continues it."""
@@ -229,6 +231,7 @@ def get_config(arg=None):
 '''
 
 
+@pytest.mark.ci  # (a local Ray instance)
 def test_sigterm_stops_a_ray_sweep_as_it_stops_a_local_one_and_a_rerun_resumes_it(tmp_path, local_ray):
   """launch.py --executor=ray joining a running cluster, SIGTERM once the short member is done and the long one
   has a checkpoint: the command's one line and exit code 143, as a local sweep's, nothing of Ray's on the console
