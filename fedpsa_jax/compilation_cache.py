@@ -11,9 +11,12 @@ Ctrl-C'd `make test-fast`) can leave
   compilation cache entry ... incomplete or truncated stream" on stderr and compiles it again, forever;
 - with eviction on, a `KEY-cache` without its `KEY-atime`: every later write fails and warns (JAX reads every
   entry's atime before it writes one), so the cache stops growing.
-`repair` removes both kinds before a process uses the directory: the function is compiled once more and
-stored whole. (Another process reading an entry while one writes it sees the same truncation, warns and
-compiles; that needs atomic writes in JAX, and costs one compile.)
+And a process that reads an entry while another writes it (two members of a Ray sweep on one node, the test
+suite's workers) sees the same truncation and warns on its console. `write_whole_entries` makes this process
+write each file of an entry whole (into a temporary file beside it, then renamed over it), so that no reader ever
+sees part of one and a killed writer leaves only its temporary file; `repair` removes what older writers left
+before a process uses the directory, and temporary files an hour old: the function is compiled once more and
+stored whole.
 
 An entry is judged by JAX's own reader (`_jax_entry_reader`: the functions JAX reads an entry with, so the
 judgement follows JAX's layout when an upgrade changes it), never by a copy of that layout here. Where this JAX
@@ -25,6 +28,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
+import time
 from typing import Callable
 
 _log = logging.getLogger(__name__)
@@ -90,11 +95,90 @@ def damaged_entries(path: str) -> list[str]:
   return damaged
 
 
+_PARTIAL = ".partial-"  # (in the names of `write_whole_entries`' temporary files: `.KEY-cache.partial-PID-THREAD`)
+_PARTIAL_AGE_SECONDS = 3600  # a temporary file this old lost its writer (a write takes well under a second)
+
+
+class _WholeWrites:
+  """Mixed into the class of a cache's path: `write_bytes` writes a temporary file beside the path and renames it
+  over the path (one step on a POSIX filesystem), so that a reader finds the whole file or none. Paths joined to
+  it are of the same class (pathlib keeps a path's class)."""
+
+  def write_bytes(self, data) -> int:
+    target = os.fspath(self)
+    partial = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}{_PARTIAL}{os.getpid()}-"
+                           f"{threading.get_ident()}")
+    try:
+      with open(partial, "wb") as f:
+        f.write(data)
+      os.replace(partial, target)
+    finally:
+      if os.path.lexists(partial):  # (the write failed: nothing of it is left)
+        os.remove(partial)
+    return len(data)
+
+
+@functools.cache
+def _whole_writes_class(path_class: type) -> type:
+  """`path_class` (JAX's: etils' local path where etils is installed, else pathlib's) with `_WholeWrites`."""
+  return type(f"WholeWrites{path_class.__name__}", (_WholeWrites, path_class), {})
+
+
+@functools.cache
+def write_whole_entries() -> bool:
+  """Makes JAX's file cache in this process write each file of an entry whole (`_WholeWrites`): its `LRUCache`
+  reads and writes through its `path`, which a cache in a local directory gets as a path of that class at its first
+  `get` or `put` (a remote one, `gs://...`, keeps JAX's own writes). Idempotent; False (and JAX's own writes) where
+  this JAX has no such file cache."""
+  try:
+    from jax._src import lru_cache
+    get, put = lru_cache.LRUCache.get, lru_cache.LRUCache.put
+  except (ImportError, AttributeError) as err:
+    _log.warning("compilation cache: this JAX has no file cache to write whole entries with (%s)", err)
+    return False
+
+  def whole(cache: lru_cache.LRUCache) -> None:
+    if not isinstance(cache.path, _WholeWrites) and "://" not in str(cache.path):
+      cache.path = _whole_writes_class(type(cache.path))(os.fspath(cache.path))
+
+  @functools.wraps(get)
+  def get_whole(self, key: str):
+    whole(self)
+    return get(self, key)
+
+  @functools.wraps(put)
+  def put_whole(self, key: str, value: bytes) -> None:
+    whole(self)
+    return put(self, key, value)
+
+  lru_cache.LRUCache.get, lru_cache.LRUCache.put = get_whole, put_whole
+  return True
+
+
+def _stale_partial_files(path: str) -> list[str]:
+  """The temporary files of `write_whole_entries` in `path` whose writer is gone (an hour old or more)."""
+  old = time.time() - _PARTIAL_AGE_SECONDS
+  stale = []
+  for name in os.listdir(path):
+    try:
+      if _PARTIAL in name and os.stat(os.path.join(path, name)).st_mtime < old:
+        stale.append(name)
+    except FileNotFoundError:
+      continue
+  return stale
+
+
 def repair(path: str) -> list[str]:
-  """Removes `damaged_entries(path)` (with their `KEY-atime`) and returns their names; nothing when `path`
-  does not exist. A function whose entry was removed compiles once more and is stored whole."""
+  """Removes `damaged_entries(path)` (with their `KEY-atime`) and returns their names, and the temporary files of
+  writers gone (`write_whole_entries`); nothing when `path` does not exist. A function whose entry was removed
+  compiles once more and is stored whole."""
   if not os.path.isdir(path):
     return []
+  for name in _stale_partial_files(path):
+    try:
+      os.remove(os.path.join(path, name))
+    except FileNotFoundError:
+      pass
   removed = damaged_entries(path)
   for name in removed:
     _, cache_suffix, atime_suffix = _jax_entry_reader()
@@ -114,6 +198,7 @@ def enable(path: str) -> bool:
   calls it before any member runs and each Ray task calls it in its worker. Returns whether it was set here."""
   import jax
 
+  write_whole_entries()
   if jax.config.jax_compilation_cache_dir:
     return False
   os.makedirs(path, exist_ok=True)

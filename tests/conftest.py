@@ -36,6 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
                           "kernel) or repeats a stop-and-resume case at more moments, signals or limits "
                           "(docs/testing.md); also `slow`")
   _fast_compiles()
+  compilation_cache.write_whole_entries()  # (the session's workers and launch.py subprocesses share one cache)
   # xdist workers inherit the controller's environment, so only the first process makes the directory;
   # subprocesses (launch.py) inherit it too. A cache set by the user is left as it is.
   if _CACHE_ENV in os.environ:

@@ -4,14 +4,17 @@ judgement follows JAX's reader, so a JAX whose entry layout changed keeps its wh
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
 import lzma
 import textwrap
+import time
 
 import pytest
 from jax._src import compilation_cache as jax_cache
+from jax._src import lru_cache
 
 from fedpsa_jax import compilation_cache
 
@@ -105,6 +108,8 @@ _PROGRAM = textwrap.dedent("""
       jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
       jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     print(float(jax.jit(lambda x: (jnp.sin(x) * k).sum())(jnp.ones(3))))
+    from jax._src import compilation_cache as jax_cache
+    print("writes through", type(jax_cache._cache.path).__name__, file=sys.stderr)
 """)
 
 
@@ -122,9 +127,11 @@ def _compile(path, how, scale=2.0, max_size=None):
 
 @pytest.mark.slow
 def test_jax_warns_on_a_truncated_entry_forever_and_the_repaired_cache_is_whole_again(tmp_path):
-  assert "Error" not in _compile(tmp_path, "enable")
+  written = _compile(tmp_path, "enable")
+  assert "Error" not in written and "writes through WholeWrites" in written  # (JAX's own cache wrote them)
   entries = sorted(n for n in os.listdir(tmp_path) if n.endswith("-cache"))
   assert entries and compilation_cache.damaged_entries(str(tmp_path)) == []
+  assert not [n for n in os.listdir(tmp_path) if ".partial-" in n]
   for name in entries:  # as a process killed halfway through writing each would leave them
     with open(tmp_path / name, "r+b") as f:
       f.truncate(os.path.getsize(tmp_path / name) // 2)
@@ -147,3 +154,54 @@ def test_with_a_size_cap_an_entry_without_its_access_time_stops_every_write_unti
   assert "Error" not in _compile(tmp_path, "enable", 4.0, cap)
   assert compilation_cache.damaged_entries(str(tmp_path)) == []
   assert len([n for n in os.listdir(tmp_path) if n.startswith("jit__lambda")]) == 2  # k = 4's entry, written
+
+
+def _partial_files(path) -> list[str]:
+  return [n for n in os.listdir(path) if ".partial-" in n]
+
+
+def test_an_entry_appears_only_whole_renamed_from_its_temporary_file(tmp_path, monkeypatch):
+  """What a reader in another process can see: no `KEY-cache` until it is whole (JAX's own `put` writes it in
+  place, where a concurrent reader finds it cut and warns)."""
+  assert compilation_cache.write_whole_entries()
+  cache = lru_cache.LRUCache(str(tmp_path), max_size=10**8)  # (eviction on: KEY-cache, then KEY-atime)
+  renamed, real_replace = [], os.replace
+
+  def replace(source, target):
+    with open(source, "rb") as f:
+      renamed.append((os.path.basename(source), os.path.basename(target), f.read(), os.path.exists(target)))
+    real_replace(source, target)
+
+  monkeypatch.setattr(os, "replace", replace)
+  cache.put("jit_f-abc", ENTRY)
+  assert [(target, existed) for _, target, _, existed in renamed] == [("jit_f-abc-cache", False),
+                                                                       ("jit_f-abc-atime", False)]
+  assert renamed[0][0].startswith(".jit_f-abc-cache.partial-") and renamed[0][2] == ENTRY
+  assert cache.get("jit_f-abc") == ENTRY and compilation_cache.damaged_entries(str(tmp_path)) == []
+  assert [target for _, target, _, _ in renamed[2:]] == ["jit_f-abc-atime"]  # (a read renews its access time)
+  assert _partial_files(tmp_path) == []
+  cache.put("jit_f-abc", ENTRY[:10])  # JAX never rewrites a key that exists
+  assert cache.get("jit_f-abc") == ENTRY and "jit_f-abc-cache" not in [target for _, target, _, _ in renamed[2:]]
+
+
+def test_a_failed_write_leaves_neither_the_entry_nor_its_temporary_file(tmp_path, monkeypatch):
+  compilation_cache.write_whole_entries()
+  cache = lru_cache.LRUCache(str(tmp_path), max_size=-1)
+
+  def full_disk(source, target):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(os, "replace", full_disk)
+  with pytest.raises(OSError, match="No space left"):  # (JAX's compiler warns and runs the program uncached)
+    cache.put("jit_f-abc", ENTRY)
+  assert os.listdir(tmp_path) == []
+
+
+def test_repair_removes_temporary_files_of_writers_gone_an_hour_and_keeps_those_being_written(tmp_path):
+  _write(tmp_path, "jit_f-abc-cache", ENTRY)
+  _write(tmp_path, ".jit_g-abc-cache.partial-11-22", ENTRY[:100])
+  _write(tmp_path, ".jit_h-abc-cache.partial-33-44", ENTRY[:100])
+  an_hour_ago = time.time() - 3601
+  os.utime(tmp_path / ".jit_g-abc-cache.partial-11-22", (an_hour_ago, an_hour_ago))
+  assert compilation_cache.repair(str(tmp_path)) == []  # (no entry was damaged)
+  assert sorted(os.listdir(tmp_path)) == [".jit_h-abc-cache.partial-33-44", "jit_f-abc-cache"]

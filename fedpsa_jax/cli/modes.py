@@ -40,7 +40,7 @@ from typing import Callable, Mapping, Sequence
 import ml_collections
 from absl import logging
 
-from fedpsa_jax import cli, io, profiling, signals
+from fedpsa_jax import cli, compilation_cache, io, profiling, signals
 from fedpsa_jax import config as config_lib
 from fedpsa_jax import sweep as sweep_lib
 from fedpsa_jax.cli import run_name, sweep_flags
@@ -201,6 +201,8 @@ def main(config: ml_collections.ConfigDict, options: Options, more_modes: Mappin
   line, not a notebook."""
   signals.handle_signals()
   cli.readable_streams()
+  # (a cache set by JAX_COMPILATION_CACHE_DIR, or a sweep's, may be shared with other processes at once)
+  compilation_cache.write_whole_entries()
   if not options.verbose:
     quiet_library_logs()
   code = cli.exit_code_of(lambda: run_mode(config, options, more_modes))
