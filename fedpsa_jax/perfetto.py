@@ -5,7 +5,7 @@ plug-in) and the trace viewer's `*.trace.json.gz`, which JAX converts from it ke
 `TRACE_EVENT_CAP` events (xla/tsl/profiler/convert/xplane_to_trace_events.cc, `GetTraceViewerMaxEvents`; the
 environment variable `TRACE_EVENT_CAP_VARIABLE` changes it). Perfetto (ui.perfetto.dev) opens that JSON less its
 top-level `metadata`, which `jax.profiler.start_trace(create_perfetto_trace=True)` removes by loading the whole
-trace into Python objects (~440 MB for the MNIST CNN's profile, 340,000 events) and writing it out again.
+trace into Python objects, a large share of a profile's peak memory, and writing it out again.
 `write_perfetto` writes the same file from the JSON's own text, reading its events one at a time, and sums up
 what it holds (`TraceSummary`): its events, the cap, and which of the expected slices it lacks.
 """

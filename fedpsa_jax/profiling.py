@@ -24,7 +24,7 @@ when the configured method is that one.
 machine, the config), and writes both to `profile.json`. `pieces` (`--profile_pieces`) limits it to the pieces
 named (`piece_names`), checked before any work. With a trace directory, once every piece is compiled and timed,
 each piece's timed call runs once more (`TRACE_CALLS`) inside one `jax.profiler` trace (`Profiler.trace`): only
-those calls, without the Python tracer (compiles and Python calls made the trace of a small run 860 MB), each
+those calls, without the Python tracer (compiles and Python calls made even a small run's trace huge), each
 piece a `TraceAnnotation` and each call a `StepTraceAnnotation` of that name; TensorBoard's profiler opens the
 folder, Perfetto (ui.perfetto.dev) its `perfetto_trace.json.gz` (`perfetto.write_perfetto`), which holds at
 most JAX's cap of events (`perfetto.TRACE_EVENT_CAP`): `profile` warns in one line where a piece has no slice.
@@ -59,7 +59,7 @@ SERVER_STEP = "server_step"  # `server_step/<method>` for each strategy; the nam
 # change: a program compiled for them alone compiles at level 0 in about half the time (the same FLOPs, bytes and
 # temporaries on the CNN's loop-free Fisher and update programs).
 COST_ONLY_OPTIONS = {"xla_backend_optimization_level": 0}
-TRACE_CALLS = 1  # calls of each piece in a trace: the CNN's Fisher at 512 samples alone is ~10^5 events a call
+TRACE_CALLS = 1  # calls of each piece in a trace: one call of the CNN's Fisher at 512 samples is a large share of JAX's event cap
 
 
 def piece_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
@@ -197,7 +197,7 @@ class Profiler:
     options = jax.profiler.ProfileOptions()
     options.python_tracer_level = 0
     options.enable_hlo_proto = False  # (the programs' HLO: large, and what --mode=profile costs already)
-    # (its Perfetto file written here: jax.profiler's create_perfetto_trace loads the whole trace, +440 MB)
+    # (its Perfetto file written here: jax.profiler's create_perfetto_trace loads the whole trace into Python objects)
     jax.profiler.start_trace(trace_dir, profiler_options=options)
     try:
       for name, call in self.calls:
@@ -305,7 +305,7 @@ class Profiler:
 @jax.jit
 def _trained_from(start: Any, seed: int) -> tuple[Any, Any]:
   """A stand-in for a client's trained parameters, `start` plus small noise drawn from `seed`, and its delta: one
-  program (run op by op, the noise compiled ~30 small programs, ~11 s of CPU, the first time)."""
+  program (run op by op, the noise compiled a small program per leaf and operation, the first time)."""
   end = jax.tree.map(lambda p: p + 1e-3 * jax.random.normal(jax.random.key(seed), p.shape, p.dtype), start)
   return end, jax.tree.map(jnp.subtract, end, start)
 

@@ -50,7 +50,7 @@ def profile(profiler: Any, calibration_sizes: Sequence[int] = CALIBRATION_SIZES)
   # (a CountSketch has no matrix to compare with)
   bare_matvec = profiler.wants("sketch_bare_matvec") and c.fedpsa.projection == "gaussian"
   if profiler.wants("sketch") or bare_matvec:
-    # s as one compiled program: run op by op, its Fisher took 3x the time and kept ~350 MB of small programs.
+    # s as one compiled program: run op by op, its Fisher is slower and keeps many small programs in memory.
     s = jax.jit(lambda p, x, y: sensitivity.sensitivity(apply_fn, p, x, y, chunk_size=chunk,
                                                         method=c.runtime.fisher))(params, x, y)
   if profiler.wants("sketch"):
