@@ -2,7 +2,7 @@
 
 A trace folder (`plugins/profile/<time>/`) holds the `.xplane.pb` (everything recorded, for TensorBoard's profile
 plug-in) and the trace viewer's `*.trace.json.gz`, which JAX converts from it keeping only the earliest
-`TRACE_EVENT_CAP` events (xla/tsl/profiler/convert/xplane_to_trace_events.cc, `GetTraceViewerMaxEvents`; the
+`TRACE_EVENT_CAP` events (XLA's trace conversion, `GetTraceViewerMaxEvents`; the
 environment variable `TRACE_EVENT_CAP_VARIABLE` changes it). Perfetto (ui.perfetto.dev) opens that JSON less its
 top-level `metadata`, which `jax.profiler.start_trace(create_perfetto_trace=True)` removes by loading the whole
 trace into Python objects, a large share of a profile's peak memory, and writing it out again.
