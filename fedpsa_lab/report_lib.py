@@ -514,8 +514,10 @@ def pyplot():
 
 def arm_style(i: int) -> dict[str, Any]:
   """The colour and line style of the i-th label of an axis: fixed by its place in the sweep's order, so that an arm
-  looks the same in every figure of a report (curves_paired.png leaves the reference out and keeps the others')."""
-  return {"color": OKABE_ITO[i % len(OKABE_ITO)], "linestyle": LINE_STYLES[i % len(LINE_STYLES)]}
+  looks the same in every figure of a report (curves_paired.png leaves the reference out and keeps the others').
+  Past the 8 colours the line styles shift by one each round, so that no two of the first 64 arms look alike."""
+  return {"color": OKABE_ITO[i % len(OKABE_ITO)],
+          "linestyle": LINE_STYLES[(i + i // len(OKABE_ITO)) % len(LINE_STYLES)]}
 
 
 def panels(count: int, height: float = PANEL_HEIGHT) -> tuple[Any, list[Any]]:

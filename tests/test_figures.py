@@ -168,3 +168,9 @@ def test_accuracy_vs_upload_of_runs_outside_a_sweep_is_one_line_per_method(tmp_p
   assert fig.axes[0].get_xlabel() == "accumulated upload (MiB)" and fig.axes[0].get_ylabel() == "test accuracy (%)"
   np.testing.assert_allclose(fig.axes[0].lines[1].get_xdata(), [0, 1, 2, 3])  # MiB
   np.testing.assert_allclose(fig.axes[0].lines[1].get_ydata(), [10, 20, 30, 40])  # %
+
+
+def test_no_two_of_the_first_64_arms_look_alike_and_the_first_8_keep_their_styles():
+  styles = [report_lib.arm_style(i) for i in range(64)]
+  assert len({(s["color"], str(s["linestyle"])) for s in styles}) == 64
+  assert styles[:8] == [{"color": c, "linestyle": l} for c, l in zip(report_lib.OKABE_ITO, report_lib.LINE_STYLES)]
